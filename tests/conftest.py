@@ -1,0 +1,61 @@
+"""Shared fixtures: one Ray instance per test session, hardware markers that skip cleanly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # parent package missing (e.g. "megatron" for "megatron.core")
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    skips = {
+        "gpu": (torch.cuda.is_available(), "needs a CUDA GPU"),
+        "multigpu": (torch.cuda.device_count() >= 2, "needs >= 2 CUDA GPUs"),
+        "npu": (_has_module("torch_npu"), "needs torch_npu and an Ascend NPU"),
+        "vllm": (_has_module("vllm"), "needs vllm"),
+        "megatron": (_has_module("megatron.core"), "needs megatron-core"),
+    }
+    for item in items:
+        for mark, (ok, why) in skips.items():
+            if mark in item.keywords and not ok:
+                item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole test session (small: fractional-CPU actors only)."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=False,
+            ignore_reinit_error=True,
+            runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}},
+        )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A random tiny Qwen2 + byte tokenizer, built once per session."""
+    from verl_async.models import build_tiny_model_dir
+
+    return build_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_model")))
