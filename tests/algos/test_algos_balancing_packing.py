@@ -33,6 +33,14 @@ def test_kk_hand_case():
     assert all(len(p) == 2 for p in parts)
 
 
+def test_zero_lengths_never_leave_a_part_empty():
+    for k in (1, 2, 3):
+        parts = karmarkar_karp([0, 0, 0], k)
+        assert len(parts) == k and all(parts) and _flat(parts) == [0, 1, 2]
+    parts = karmarkar_karp([0, 0, 5, 0], 3)
+    assert all(parts) and spread([0, 0, 5, 0], parts) == 5
+
+
 def test_token_cap_hand_case():
     lens = [5, 5, 4, 3, 3, 7, 8, 1]  # total 36, cap 10 -> at least 4 parts; 4 suffice
     parts = partition_by_token_cap(lens, 10)

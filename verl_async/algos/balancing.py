@@ -53,7 +53,7 @@ def greedy_partition(seqlens: Sequence[int], k: int, equal_size: bool = False) -
     parts: list[list[int]] = [[] for _ in range(k)]
     sums = [0] * k
     for i in sorted(range(len(lens)), key=lambda j: (-lens[j], j)):
-        j = min((p for p in range(k) if len(parts[p]) < cap), key=lambda p: (sums[p], p))
+        j = min((p for p in range(k) if len(parts[p]) < cap), key=lambda p: (sums[p], len(parts[p]), p))
         parts[j].append(i)
         sums[j] += lens[i]
     return _finish(parts)
@@ -84,6 +84,23 @@ def _kk(lens: list[int], k: int, equal_size: bool) -> list[list[int]]:
     return [idx for _, idx in heap[0][2]]
 
 
+def _fill_empty(parts: list[list[int]], lens: list[int]) -> list[list[int]]:
+    """Give every empty part one item (LDM can leave a part empty when lengths are 0):
+    a zero-length item if any part of 2+ items has one, else the smallest item of the
+    heaviest such part."""
+    for empty in [p for p in parts if not p]:
+        donors = [p for p in parts if len(p) > 1]
+        zero = [(p, i) for p in donors for i in p if lens[i] == 0]
+        if zero:
+            donor, item = zero[0]
+        else:
+            donor = max(donors, key=lambda p: sum(lens[i] for i in p))
+            item = min(donor, key=lambda i: lens[i])
+        donor.remove(item)
+        empty.append(item)
+    return parts
+
+
 def karmarkar_karp(seqlens: Sequence[int], k: int, equal_size: bool = False) -> list[list[int]]:
     """Partition indices `0..n-1` into `k` parts with balanced sums of `seqlens`.
 
@@ -95,7 +112,7 @@ def karmarkar_karp(seqlens: Sequence[int], k: int, equal_size: bool = False) -> 
     """
     lens = _check_seqlens(seqlens)
     _check_k(k, len(lens), equal_size)
-    kk = _finish(_kk(lens, k, equal_size))
+    kk = _finish(_fill_empty(_kk(lens, k, equal_size), lens))
     greedy = greedy_partition(lens, k, equal_size)
     return greedy if spread(lens, greedy) < spread(lens, kk) else kk
 

@@ -24,17 +24,12 @@ def decoupled_ppo_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
-    loss_agg_mode: str = "token-mean",
     correction: Mapping[str, Any] | None = None,
-    global_tokens: int | float | torch.Tensor | None = None,
-    global_seqs: int | float | torch.Tensor | None = None,
-    loss_scale_factor: int | float | None = None,
+    **ppo_kwargs: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """3-policy PPO loss on one batch. `correction` holds `rollout_correction` keyword
-    arguments (default: token-level truncate at 2.0, i.e. TIS).
+    arguments (default: token-level truncate at 2.0, i.e. TIS); `ppo_kwargs` go to
+    `ppo_policy_loss` (clip ratios, `loss_agg_mode`, global normalisers).
 
     The corrected mask (rejection, veto) is the loss mask. With gradient
     accumulation, call `rollout_correction` ONCE on the whole batch (batch
@@ -43,20 +38,9 @@ def decoupled_ppo_loss(
     **global_batch_info(corrected masks))` — which is what this does for one batch.
     Metrics: the PPO ones plus the correction's under `rollout_corr/`.
     """
+    if "is_weights" in ppo_kwargs:
+        raise ValueError("is_weights: decoupled_ppo_loss computes the weights itself (from rollout_logp)")
     weights, loss_mask, corr_metrics = rollout_correction(old_logp, rollout_logp, mask, **dict(correction or {}))
-    loss, metrics = ppo_policy_loss(
-        logp,
-        old_logp,
-        advantages,
-        loss_mask,
-        clip_ratio_low=clip_ratio_low,
-        clip_ratio_high=clip_ratio_high,
-        clip_ratio_c=clip_ratio_c,
-        loss_agg_mode=loss_agg_mode,
-        is_weights=weights,
-        global_tokens=global_tokens,
-        global_seqs=global_seqs,
-        loss_scale_factor=loss_scale_factor,
-    )
+    loss, metrics = ppo_policy_loss(logp, old_logp, advantages, loss_mask, is_weights=weights, **ppo_kwargs)
     metrics.update({f"rollout_corr/{k}": v for k, v in corr_metrics.items()})
     return loss, metrics
