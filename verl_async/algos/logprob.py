@@ -12,7 +12,8 @@ Memory. A naive `log_softmax(logits.float())` holds `N x V` float32 (32k tokens 
 152k vocab = 19.9 GB), and autograd keeps it for backward. Here a custom autograd
 function works on `chunk_size` rows at a time in forward AND backward (it recomputes
 the softmax of a chunk from the saved logits and log-sum-exp), so the extra memory
-is about two float32 chunks; backward writes the logits' gradient (same dtype as the
+is two float32 chunk buffers in forward (three in backward), allocated once and
+reused; backward writes the logits' gradient (same dtype as the
 logits, unavoidable) chunk by chunk. Inputs with a non-contiguous layout are copied
 once (in their own dtype) by the flattening reshape.
 """
@@ -45,9 +46,27 @@ def _chunk_rows(chunk_size: int | None, vocab: int) -> int:
     return int(chunk_size)
 
 
-def _scaled(chunk: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
-    x = chunk.to(dtype)
-    return x / temperature if temperature != 1.0 else x
+class _Buffers:
+    """Chunk work buffers allocated once and reused: on CPU a fresh 256 MiB tensor per
+    chunk is a fresh mmap, and page-faulting it in again every chunk costs more system
+    time than the math (GPU caching allocators hide this; reuse is right for both)."""
+
+    def __init__(self, rows: int, vocab: int, dtype: torch.dtype, device: torch.device):
+        self.shape, self.dtype, self.device = (rows, vocab), dtype, device
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, rows: int) -> torch.Tensor:
+        if name not in self._bufs:
+            self._bufs[name] = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        return self._bufs[name][:rows]
+
+    def scaled(self, chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+        """`chunk.to(dtype) / temperature`; the chunk itself when that is a no-op (never
+        written to)."""
+        if chunk.dtype == self.dtype and temperature == 1.0:
+            return chunk
+        x = self.get("x", chunk.shape[0]).copy_(chunk)
+        return x.div_(temperature) if temperature != 1.0 else x
 
 
 class _ChunkedLogProbEntropy(torch.autograd.Function):
@@ -57,16 +76,17 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, labels, temperature, chunk, with_logp, with_entropy):  # type: ignore[override]
-        n, _ = logits.shape
+        n, vocab = logits.shape
         dtype = torch.promote_types(logits.dtype, torch.float32)
+        bufs = _Buffers(min(chunk, n), vocab, dtype, logits.device)
         lse = torch.empty(n, dtype=dtype, device=logits.device)
         logp = torch.empty(n, dtype=dtype, device=logits.device) if with_logp else None
         ent = torch.empty(n, dtype=dtype, device=logits.device) if with_entropy else None
         for s in range(0, n, chunk):
-            x = _scaled(logits[s : s + chunk], dtype, temperature)
+            x = bufs.scaled(logits[s : s + chunk], temperature)
             m = x.amax(-1, keepdim=True)
             m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # all -inf rows stay -inf, not NaN
-            e = (x - m).exp_()
+            e = torch.sub(x, m, out=bufs.get("e", x.shape[0])).exp_()
             z = e.sum(-1)
             lse_c = m.squeeze(-1) + z.log()
             lse[s : s + chunk] = lse_c
@@ -75,7 +95,6 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
             if with_entropy:
                 # E_p[x] = sum(e * x) / z; 0 * (-inf) for masked vocab entries counts as 0.
                 ent[s : s + chunk] = lse_c - e.mul_(x).nan_to_num_(nan=0.0).sum(-1) / z
-            del x, e
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(logits, labels, lse, ent)
@@ -87,24 +106,26 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
         if g_logp is None and g_ent is None:
             return (None,) * 6
         temperature, chunk = ctx.temperature, ctx.chunk
-        dtype = lse.dtype
+        n, vocab = logits.shape
+        bufs = _Buffers(min(chunk, n), vocab, lse.dtype, logits.device)
         grad = torch.empty_like(logits)
         mean_x = (lse - ent) if g_ent is not None else None  # E_p[x] = lse - H
-        for s in range(0, logits.shape[0], chunk):
-            x = _scaled(logits[s : s + chunk], dtype, temperature)
-            p = (x - lse[s : s + chunk, None]).exp_()
+        for s in range(0, n, chunk):
+            x = bufs.scaled(logits[s : s + chunk], temperature)
+            rows = x.shape[0]
+            p = torch.sub(x, lse[s : s + chunk, None], out=bufs.get("p", rows)).exp_()
             if g_ent is not None:
-                gx = (mean_x[s : s + chunk, None] - x).mul_(p).nan_to_num_(nan=0.0).mul_(g_ent[s : s + chunk, None])
+                gx = torch.sub(mean_x[s : s + chunk, None], x, out=bufs.get("g", rows))
+                gx.mul_(p).nan_to_num_(nan=0.0).mul_(g_ent[s : s + chunk, None])
                 if g_logp is not None:
                     gx.addcmul_(p, g_logp[s : s + chunk, None], value=-1.0)
             else:
                 gx = p.mul_(-g_logp[s : s + chunk, None])
             if g_logp is not None:
-                gx.scatter_add_(1, labels[s : s + chunk, None], g_logp[s : s + chunk, None].to(dtype))
+                gx.scatter_add_(1, labels[s : s + chunk, None], g_logp[s : s + chunk, None].to(gx.dtype))
             if temperature != 1.0:
                 gx.div_(temperature)
             grad[s : s + chunk].copy_(gx)
-            del x, p, gx
         return grad, None, None, None, None, None
 
 
