@@ -100,38 +100,39 @@ def _is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
-def _struct_fields(t: pa.DataType) -> Optional[set[str]]:
-    return {t.field(i).name for i in range(t.num_fields)} if pa.types.is_struct(t) else None
+def _struct_fields(t: pa.DataType) -> set[str]:
+    return {t.field(i).name for i in range(t.num_fields)} if pa.types.is_struct(t) else set()
+
+
+def _is_message_list(t: pa.DataType) -> bool:
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return False
+    return {"role", "content"} <= _struct_fields(t.value_type)
 
 
 def check_schema(table: pa.Table, path: str, prompt_key: str, reward_fn_key: str) -> None:
-    """Required columns exist with verl's types; raise a DataError naming the column otherwise."""
+    """Required columns exist with verl's types; raise a DataError naming the column otherwise.
+
+    An all-null column has arrow type null; it passes here and every row is then
+    reported as a bad row.
+    """
     names = table.column_names
     for col in (prompt_key, "reward_model", reward_fn_key):
         if col not in names:
             raise DataError(f"{path}: missing column {col!r} (columns: {', '.join(names)})")
-    prompt_t = table.schema.field(prompt_key).type
-    msg_fields = (
-        _struct_fields(prompt_t.value_type)
-        if pa.types.is_list(prompt_t) or pa.types.is_large_list(prompt_t)
-        else None
-    )
-    if msg_fields is None or not {"role", "content"} <= msg_fields:
+    schema = table.schema
+    prompt_t, rm_t, ds_t = (schema.field(c).type for c in (prompt_key, "reward_model", reward_fn_key))
+    if not (pa.types.is_null(prompt_t) or _is_message_list(prompt_t)):
         raise DataError(
             f"{path}: column {prompt_key!r} has type {prompt_t}, expected a list of chat messages "
             f"list<struct<role: string, content: string>> (data.prompt_key={prompt_key!r})"
         )
-    rm_t = table.schema.field("reward_model").type
-    rm_fields = _struct_fields(rm_t)
-    if rm_fields is None or "ground_truth" not in rm_fields:
-        raise DataError(
-            f"{path}: column 'reward_model' has type {rm_t}, expected struct<style, ground_truth>"
-        )
-    ds_t = table.schema.field(reward_fn_key).type
-    if not _is_string(ds_t):
+    if not (pa.types.is_null(rm_t) or "ground_truth" in _struct_fields(rm_t)):
+        raise DataError(f"{path}: column 'reward_model' has type {rm_t}, expected struct<style, ground_truth>")
+    if not (pa.types.is_null(ds_t) or _is_string(ds_t)):
         raise DataError(f"{path}: column {reward_fn_key!r} has type {ds_t}, expected string (data.reward_fn_key)")
     if "extra_info" in names:
-        ei_t = table.schema.field("extra_info").type
+        ei_t = schema.field("extra_info").type
         if not (pa.types.is_struct(ei_t) or pa.types.is_null(ei_t) or pa.types.is_map(ei_t)):
             raise DataError(f"{path}: column 'extra_info' has type {ei_t}, expected a struct")
 
