@@ -176,20 +176,16 @@ def convert(
     return written
 
 
-def run_cli(
-    argv: Optional[Sequence[str]],
-    *,
-    description: str,
-    default_dir: str,
-    data_source: str,
-    splits: Sequence[str],
-    config: Optional[str],
-    make_row: Callable[[dict[str, Any], str, int], dict[str, Any]],
-) -> dict[str, str]:
-    """The whole preprocessor CLI: parse, load, convert, write; errors as one line, not a trace."""
-    parser = build_parser(description, default_dir, data_source)
+def run_cli(argv: Optional[Sequence[str]], dataset: Any) -> dict[str, str]:
+    """The whole preprocessor CLI: parse, load, convert, write; errors as one line, not a trace.
+
+    `dataset` is the preprocessor module: DATA_SOURCE, SPLITS, CONFIG, DEFAULT_DIR,
+    its docstring's first line as description, and make_row(example, split, idx).
+    """
+    description = (dataset.__doc__ or "").strip().splitlines()[0]
+    parser = build_parser(description, dataset.DEFAULT_DIR, dataset.DATA_SOURCE)
     args = parser.parse_args(argv)
     try:
-        return convert(load_raw(args, splits, config), make_row, args.local_dir)
+        return convert(load_raw(args, dataset.SPLITS, dataset.CONFIG), dataset.make_row, args.local_dir)
     except (PreprocessError, OSError) as exc:
         parser.exit(2, f"error: {exc}\n")

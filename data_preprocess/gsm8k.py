@@ -12,13 +12,16 @@ in extra_info.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, Optional, Sequence
 
 from data_preprocess.common import run_cli
+from verl_async.data.files import verl_row
 
 DATA_SOURCE = "openai/gsm8k"
 CONFIG = "main"
 SPLITS = ("train", "test")
+DEFAULT_DIR = "~/data/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 _FINAL = re.compile(r"#### (\-?[0-9\.\,]+)")
 
@@ -33,25 +36,12 @@ def extract_solution(answer: str) -> str:
 
 def make_row(example: dict[str, Any], split: str, idx: int) -> dict[str, Any]:
     question, answer = example.pop("question"), example.pop("answer")
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": extract_solution(answer)},
-        "extra_info": {"split": split, "index": idx, "answer": answer, "question": question},
-    }
+    extra_info = {"split": split, "index": idx, "answer": answer, "question": question}
+    return verl_row(DATA_SOURCE, question + " " + INSTRUCTION, extract_solution(answer), "math", extra_info)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, str]:
-    return run_cli(
-        argv,
-        description="Preprocess GSM8K into verl's parquet schema",
-        default_dir="~/data/gsm8k",
-        data_source=DATA_SOURCE,
-        splits=SPLITS,
-        config=CONFIG,
-        make_row=make_row,
-    )
+    return run_cli(argv, sys.modules[__name__])
 
 
 if __name__ == "__main__":

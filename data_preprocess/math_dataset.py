@@ -10,14 +10,17 @@ truth. `level` and `type` stay as top-level columns, as verl's `datasets.map` le
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional, Sequence
 
 from data_preprocess.common import run_cli
+from verl_async.data.files import verl_row
 from verl_async.reward.math_answer import last_boxed_only_string, remove_boxed
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 CONFIG = "default"
 SPLITS = ("train", "test")
+DEFAULT_DIR = "~/data/math"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
 
@@ -30,26 +33,13 @@ def extract_solution(solution: str) -> str:
 
 def make_row(example: dict[str, Any], split: str, idx: int) -> dict[str, Any]:
     problem, solution = example.pop("problem"), example.pop("solution")
-    return {
-        **example,  # level, type
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": problem + " " + INSTRUCTION}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": extract_solution(solution)},
-        "extra_info": {"split": split, "index": idx},
-    }
+    row = verl_row(DATA_SOURCE, problem + " " + INSTRUCTION, extract_solution(solution), "math",
+                   {"split": split, "index": idx})
+    return {**example, **row}  # level, type first, as verl's datasets.map leaves them
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, str]:
-    return run_cli(
-        argv,
-        description="Preprocess MATH-lighteval into verl's parquet schema",
-        default_dir="~/data/math",
-        data_source=DATA_SOURCE,
-        splits=SPLITS,
-        config=CONFIG,
-        make_row=make_row,
-    )
+    return run_cli(argv, sys.modules[__name__])
 
 
 if __name__ == "__main__":

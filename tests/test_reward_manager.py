@@ -247,3 +247,48 @@ def test_pool_runs_plain_function_refs():
         assert [o.value["score"] for o in outcomes] == [1.0, 0.0]
     finally:
         pool.close()
+
+
+@pytest.mark.slow
+def test_sandbox_inside_an_asyncio_ray_actor(ray_session, tmp_path):
+    """The deployment shape: a Rollouter-like async actor scoring through asyncio.to_thread."""
+    ray = ray_session
+    path = tmp_path / "slow_scorer.py"
+    path.write_text(
+        "import time\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if solution_str == 'hang':\n"
+        "        time.sleep(60)\n"
+        "    return float(solution_str == ground_truth)\n"
+    )
+
+    @ray.remote(num_cpus=0.1)
+    class Scorer:
+        def __init__(self, custom_path):
+            self.manager = build_reward_manager({"timeout_s": 1.0}, {"path": custom_path, "name": "compute_score"})
+
+        async def score(self, texts):
+            import asyncio
+
+            out = await asyncio.to_thread(self.manager.score_texts, texts, [1] * len(texts), "any", "ok")
+            return [r.reward for r in out], self.manager.metrics()
+
+    actor = Scorer.remote(str(path))
+    rewards, metrics = ray.get(actor.score.remote(["ok", "hang", "no"]), timeout=120)
+    assert rewards == [1.0, 0.0, 0.0] and metrics["reward/scorer_timeouts"] == 1.0
+    rewards, _ = ray.get(actor.score.remote(["ok"]), timeout=120)
+    assert rewards == [1.0]
+    ray.kill(actor)
+
+
+def test_pool_replaces_a_worker_that_died_while_idle():
+    pool = ScorerPool(num_workers=1)
+    try:
+        ref = FunctionRef(module="verl_async.reward.registry", name="default_compute_score")
+        task = Task(ref, dict(data_source="openai/gsm8k", solution_str="#### 3", ground_truth="3", extra_info=None))
+        assert pool.run([task], timeout_s=10.0)[0].value["score"] == 1.0
+        pool._workers[0].proc.kill()
+        pool._workers[0].proc.join()
+        assert pool.run([task], timeout_s=10.0)[0].value["score"] == 1.0 and pool.replaced == 1
+    finally:
+        pool.close()

@@ -69,14 +69,11 @@ def sample_task(rng: random.Random) -> tuple[str, int]:
 
 
 def make_row(word: str, times: int, split: str, index: int) -> dict[str, Any]:
-    """One dataset row in verl's parquet schema."""
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": make_prompt(word, times)}],
-        "ability": ABILITY,
-        "reward_model": {"style": "rule", "ground_truth": word * times},
-        "extra_info": {"split": split, "index": index, "word": word, "times": times},
-    }
+    """One dataset row in verl's schema."""
+    from verl_async.data.files import verl_row
+
+    extra_info = {"split": split, "index": index, "word": word, "times": times}
+    return verl_row(DATA_SOURCE, make_prompt(word, times), word * times, ABILITY, extra_info)
 
 
 def generate_rows(split: str, num_rows: int, seed: int, exclude: Iterable[str] = ()) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """Where prompt data lives: `data.*_files` values to paths, and rows to parquet.
 
 `resolve_data_files` is the one place that understands builtin://NAME (the
-built-in task, verl_async.data.builtin), `~`, folders and lists. `write_rows` is
-the writer every preprocessor uses, so all of them produce the same arrow types.
+built-in task, verl_async.data.builtin), `~`, folders and lists. `verl_row` and
+`write_rows` build and write rows for every preprocessor, so all of them produce
+the same schema and arrow types.
 """
 
 from __future__ import annotations
@@ -14,6 +15,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verl_async.data.builtin import SCHEME, builtin_path
+
+
+def verl_row(
+    data_source: str, user_content: str, ground_truth: Any, ability: str, extra_info: dict[str, Any]
+) -> dict[str, Any]:
+    """One row of verl's schema: a single user message, a rule-style reward."""
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": user_content}],
+        "ability": ability,
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": extra_info,
+    }
 
 
 def write_rows(rows: Sequence[dict[str, Any]], path: str) -> str:
