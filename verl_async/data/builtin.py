@@ -13,6 +13,10 @@ template), inside `data.max_prompt_length=128`.
 Why this task: copying the word is an induction-head job a 2-4 layer model learns in
 a few hundred supervised steps; stopping after exactly k copies is the hard part
 and improves with RL, large k most slowly, so the accuracy curve has headroom.
+Measured on one CPU thread (random Qwen2, hidden 128, 4 layers, lr 3e-3, batch 32):
+400 supervised steps give 16% exact answers on val (mean score 0.22, responses too
+long); 60 plain on-policy GRPO steps after that (16 prompts x 8, lr 3e-4, ~4 min)
+reach 23.5% (score 0.38, lengths back near the truth); 800 supervised steps give ~56%.
 
 Scoring (`compute_score`, deterministic): 1.0 for the exact answer (surrounding
 whitespace ignored); a clean repetition of the word m != k times earns partial
