@@ -1,0 +1,233 @@
+"""Model forward passes for the native engine: padded prefill and slot-batched decode.
+
+The runner owns the HF model and the SlotKVCache and turns token lists into next-token
+logits (float32). It knows nothing about requests. On CUDA the decode step is captured
+as CUDA graphs, one per (batch bucket, KV-length bucket), lazily or all at once in
+`warmup()`: decode of a small model is launch-bound (hundreds of tiny kernels per step),
+and a graph replays them without Python/launch overhead. Weights are updated in place
+(same storage), so captured graphs stay valid across refits. Prefill stays eager (it is
+compute-bound and its shapes vary). NPU runs eager (torch_npu graph mode untested here).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Optional
+
+import torch
+
+from verl_async.rollout.native.kv_cache import SlotKVCache, decode_masks, prefill_masks
+from verl_async.utils.device import DeviceSpec
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """Decode batch sizes graphs are captured for: 1, 2, 4, 8, then ~1.5x steps, and max_batch."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b = b * 2 if b < 16 else (b + b // 2 + 7) // 8 * 8
+    sizes.append(max_batch)
+    return sizes
+
+
+def model_geometry(config) -> dict:
+    """Layer count, KV heads, head dim, layer types and sliding window of an HF decoder config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    num_layers = text.num_hidden_layers
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    layer_types = list(getattr(text, "layer_types", None) or ["full_attention"] * num_layers)
+    return {
+        "num_layers": num_layers,
+        "num_kv_heads": getattr(text, "num_key_value_heads", None) or heads,
+        "head_dim": head_dim,
+        "layer_types": layer_types,
+        "sliding_window": getattr(text, "sliding_window", None),
+    }
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        device: DeviceSpec,
+        num_slots: int,
+        slot_len: int,
+        cuda_graphs: bool = False,
+        kv_len_bucket: int = 256,
+    ) -> None:
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl not in SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"native engine: model attention implementation {impl!r} is not supported; load the model "
+                f"with attn_implementation in {SUPPORTED_ATTENTION}"
+            )
+        self.model, self.device, self.attn_impl = model, device, impl
+        self.dtype = next(model.parameters()).dtype
+        geo = model_geometry(model.config)
+        self.layer_types, self.sliding_window = geo["layer_types"], geo["sliding_window"]
+        self.cache = SlotKVCache(
+            num_layers=geo["num_layers"],
+            num_slots=num_slots,
+            slot_len=slot_len,
+            num_kv_heads=geo["num_kv_heads"],
+            head_dim=geo["head_dim"],
+            dtype=self.dtype,
+            device=device.torch_device,
+        )
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.cuda_graphs = bool(cuda_graphs) and device.kind == "cuda"
+        self.kv_len_bucket = max(1, int(kv_len_bucket))
+        self._batch_buckets = batch_buckets(num_slots)
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._pool = None
+        if self.cuda_graphs:
+            dev = device.torch_device
+            self._ids = torch.zeros(num_slots, dtype=torch.long, device=dev)
+            self._pos = torch.zeros(num_slots, dtype=torch.long, device=dev)
+            self._logits = torch.zeros(num_slots, self.vocab_size, dtype=torch.float32, device=dev)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's parameters (tied ones once): what one decode step must read."""
+        seen, total = set(), 0
+        for p in self.model.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
+        return total
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """Run new sequences (right-padded) from position 0 into `slots`; return [n, V] last-token logits."""
+        dev = self.device.torch_device
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, : len(p)] = torch.tensor(p, dtype=torch.long)
+        ids = ids.to(dev)
+        positions = torch.arange(width, device=dev)[None, :].expand(len(prompts), width)
+        last = torch.tensor([len(p) - 1 for p in prompts], device=dev)[:, None]
+        masks = prefill_masks(
+            width,
+            layer_types=self.layer_types,
+            sliding_window=self.sliding_window,
+            attn_implementation=self.attn_impl,
+            dtype=self.dtype,
+            device=dev,
+        )
+        self.cache.set_prefill(torch.tensor(slots, device=dev), width)
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=masks,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=last,
+        )
+        return out.logits[:, 0].float()
+
+    # ------------------------------------------------------------------ decode
+    def _forward_decode(self, ids: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        masks = decode_masks(
+            positions,
+            kv_len,
+            layer_types=self.layer_types,
+            sliding_window=self.sliding_window,
+            attn_implementation=self.attn_impl,
+            dtype=self.dtype,
+        )
+        self.cache.set_decode(positions, kv_len)
+        out = self.model(
+            input_ids=ids[:, None],
+            position_ids=positions[:, None],
+            attention_mask=masks,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.logits[:, -1].float()
+
+    def kv_len_for(self, max_position: int) -> int:
+        """Keys a decode step reads per row: exact in eager mode, bucketed when replaying graphs."""
+        need = max_position + 1
+        if not self.cuda_graphs:
+            return need
+        return min(self.cache.slot_len, -(-need // self.kv_len_bucket) * self.kv_len_bucket)
+
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """One token for each of the rows 0..B-1 (slot b = row b); return [B, V] logits."""
+        rows = len(tokens)
+        kv_len = self.kv_len_for(max(positions))
+        if not self.cuda_graphs:
+            dev = self.device.torch_device
+            ids = torch.tensor(tokens, dtype=torch.long, device=dev)
+            pos = torch.tensor(positions, dtype=torch.long, device=dev)
+            return self._forward_decode(ids, pos, kv_len)
+        padded = self._batch_buckets[bisect.bisect_left(self._batch_buckets, rows)]
+        pad = padded - rows
+        # padding rows write position 0 of free slots (rows >= B are never live): harmless
+        self._ids[:padded].copy_(torch.tensor(tokens + [0] * pad, dtype=torch.long))
+        self._pos[:padded].copy_(torch.tensor(positions + [0] * pad, dtype=torch.long))
+        graph = self._graphs.get((padded, kv_len))
+        if graph is None:
+            graph = self._capture(padded, kv_len)
+            if graph is None:  # capture failed: the runner fell back to eager
+                return self.decode(tokens, positions)
+        graph.replay()
+        return self._logits[:rows]
+
+    def _graph_body(self, batch: int, kv_len: int) -> None:
+        self._logits[:batch].copy_(self._forward_decode(self._ids[:batch], self._pos[:batch], kv_len))
+
+    def _capture(self, batch: int, kv_len: int) -> Optional["torch.cuda.CUDAGraph"]:
+        """Capture the decode step for one bucket; the inputs already hold this step's values.
+
+        The warm-up runs repeat the real step (same inputs, same K/V written), so capturing in
+        the middle of a run changes nothing. On failure, log and switch to eager for good.
+        """
+        try:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._graph_body(batch, kv_len)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._graph_body(batch, kv_len)
+        except Exception:  # noqa: BLE001 - any capture problem means: run eager
+            logger.exception("native engine: CUDA graph capture failed (batch %d, kv %d); decoding eagerly", batch, kv_len)
+            self.cuda_graphs = False
+            self._graphs.clear()
+            return None
+        self._graphs[(batch, kv_len)] = graph
+        return graph
+
+    def warmup(self, max_batch: Optional[int] = None, max_kv_len: Optional[int] = None) -> int:
+        """Capture every decode graph up to (max_batch, max_kv_len) now; call only while no sequence runs.
+
+        Returns the number of graphs captured. A no-op when graphs are off.
+        """
+        if not self.cuda_graphs:
+            return 0
+        max_batch = min(max_batch or self.cache.num_slots, self.cache.num_slots)
+        max_kv_len = min(max_kv_len or self.cache.slot_len, self.cache.slot_len)
+        batches = [b for b in self._batch_buckets if b < max_batch]
+        batches.append(self._batch_buckets[bisect.bisect_left(self._batch_buckets, max_batch)])
+        lens = list(range(self.kv_len_bucket, max_kv_len, self.kv_len_bucket)) + [self.kv_len_for(max_kv_len - 1)]
+        for batch in batches:
+            self._ids[:batch].zero_()
+            self._pos[:batch].zero_()
+            for kv_len in lens:
+                if (batch, kv_len) not in self._graphs and self._capture(batch, kv_len) is None:
+                    return len(self._graphs)
+        torch.cuda.synchronize()
+        return len(self._graphs)
