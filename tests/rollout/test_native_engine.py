@@ -17,15 +17,6 @@ from verl_async.rollout.registry import build_engine, build_engine_from_config
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matmuls: one intra-op thread is fastest and kind to the shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tiny_model_dir):
     return load_causal_lm(tiny_model_dir, attn_implementation="sdpa").eval().requires_grad_(False)
@@ -407,3 +398,48 @@ def test_shutdown_and_registry(tiny_model, tiny_model_dir):
         assert res.ok and len(res.token_ids) == 4
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize(
+    "attn,override",
+    [
+        ("eager", None),
+        ("sdpa", {"use_sliding_window": True, "sliding_window": 6, "layer_types": ["full_attention", "sliding_attention"]}),
+    ],
+)
+def test_eager_attention_and_sliding_window_match(tiny_model_dir, attn, override):
+    model = load_causal_lm(tiny_model_dir, attn_implementation=attn, override_config=override).eval()
+
+    async def main():
+        eng = NativeEngine(model=model, max_num_seqs=2, max_model_len=48)
+        try:
+            reqs = [req(f"v{i}", PROMPTS[i], temperature=0.8, max_tokens=12 + 5 * i, ignore_eos=True) for i in range(3)]
+            return reqs, await asyncio.gather(*[eng.generate(r) for r in reqs])
+        finally:
+            await eng.shutdown()
+
+    reqs, results = run(main())
+    for r, res in zip(reqs, results):
+        ref = recompute(model, r.prompt_ids, res.token_ids, 0.8)
+        assert (ref - torch.tensor(res.log_probs)).abs().max().item() < 1e-4
+
+
+def test_nan_logits_fail_requests_and_engine_recovers(tiny_model):
+    model = copy.deepcopy(tiny_model)
+    norm = model.get_parameter("model.norm.weight")
+    good = norm.clone()
+
+    async def main():
+        eng = NativeEngine(model=model, max_num_seqs=2, max_model_len=64, check_finite_weights=False)
+        try:
+            await eng.update_weights(iter([("model.norm.weight", torch.full_like(good, float("nan")))]), version=1)
+            broken = await eng.generate(req("nan", PROMPTS[0], max_tokens=5))
+            await eng.update_weights(iter([("model.norm.weight", good)]), version=2)
+            fixed = await eng.generate(req("ok", PROMPTS[0], max_tokens=5, ignore_eos=True))
+            return broken, fixed
+        finally:
+            await eng.shutdown()
+
+    broken, fixed = run(main())
+    assert not broken.ok and "NaN" in broken.error and broken.token_ids == []
+    assert fixed.ok and fixed.versions == [2] * 5

@@ -37,6 +37,7 @@ import collections
 import concurrent.futures
 import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -110,6 +111,7 @@ class NativeEngine(InferenceEngine):
         attn_implementation: str = "sdpa",
         cuda_graphs: Optional[bool] = None,
         kv_len_bucket: int = 256,
+        compile_decode: bool = False,
         version: int = 0,
         check_finite_weights: bool = True,
     ) -> None:
@@ -143,6 +145,7 @@ class NativeEngine(InferenceEngine):
             slot_len=self.max_model_len,
             cuda_graphs=cuda_graphs,
             kv_len_bucket=kv_len_bucket,
+            compile_decode=compile_decode,
         )
         self.vocab_size = self._runner.vocab_size
         self.eos_token_ids = frozenset(self._eos_ids(model) if eos_token_ids is None else eos_token_ids)
@@ -498,14 +501,13 @@ class NativeEngine(InferenceEngine):
             [s.generator for s in seqs],
             self._generator,
         )
-        finite = torch.isfinite(logits).all(dim=-1)
-        host = torch.stack([tokens.double(), log_probs.double(), finite.double()]).cpu().tolist()
-        for seq, token, log_prob, ok in zip(seqs, *host):
-            if not ok:
+        host = torch.stack([tokens.double(), log_probs.double()]).cpu().tolist()
+        for seq, token, log_prob in zip(seqs, *host):
+            if not math.isfinite(log_prob):
                 seq.error = f"request {seq.request_id!r}: the model produced NaN/Inf logits"
                 seq.finish_reason = "abort"
                 continue
-            seq.append(int(token), float(log_prob), self._version)
+            seq.append(int(token), log_prob, self._version)
         self._note_tokens(len(seqs))
 
     def _note_tokens(self, n: int) -> None:

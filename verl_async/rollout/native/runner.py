@@ -6,14 +6,16 @@ as CUDA graphs, one per (batch bucket, KV-length bucket), lazily or all at once 
 `warmup()`: decode of a small model is launch-bound (hundreds of tiny kernels per step),
 and a graph replays them without Python/launch overhead. Weights are updated in place
 (same storage), so captured graphs stay valid across refits. Prefill stays eager (it is
-compute-bound and its shapes vary). NPU runs eager (torch_npu graph mode untested here).
+compute-bound and its shapes vary). `compile_decode` additionally runs the decode step
+through torch.compile (inside the graphs on CUDA). NPU runs eager (torch_npu graph mode is
+not wired; NPU is untested here).
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -61,6 +63,7 @@ class ModelRunner:
         slot_len: int,
         cuda_graphs: bool = False,
         kv_len_bucket: int = 256,
+        compile_decode: bool = False,
     ) -> None:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in SUPPORTED_ATTENTION:
@@ -82,16 +85,26 @@ class ModelRunner:
             device=device.torch_device,
         )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.cuda_graphs = bool(cuda_graphs) and device.kind == "cuda"
         self.kv_len_bucket = max(1, int(kv_len_bucket))
         self._batch_buckets = batch_buckets(num_slots)
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # torch.compile fuses the many small elementwise kernels of a decode step (norms, rotary,
+        # SiLU); opt-in because compiling takes minutes on first use. Traced with fullgraph=True
+        # on CPU (no graph breaks); whether it pays on GPU is for the benchmark to say.
+        self._compiled = torch.compile(self._forward_decode, dynamic=True) if compile_decode else None
+        self._graphs: dict[tuple[int, int], Callable[[], None]] = {}
         self._pool = None
-        if self.cuda_graphs:
-            dev = device.torch_device
-            self._ids = torch.zeros(num_slots, dtype=torch.long, device=dev)
-            self._pos = torch.zeros(num_slots, dtype=torch.long, device=dev)
-            self._logits = torch.zeros(num_slots, self.vocab_size, dtype=torch.float32, device=dev)
+        # Static decode: fixed input/output buffers and (batch, KV length) buckets, so that each
+        # bucket's step can be replayed as a CUDA graph. Off means exact shapes, eager.
+        self.static_decode = False
+        if cuda_graphs and device.kind == "cuda":
+            self._enable_static_decode()
+
+    def _enable_static_decode(self) -> None:
+        dev, slots = self.device.torch_device, self.cache.num_slots
+        self._ids = torch.zeros(slots, dtype=torch.long, device=dev)
+        self._pos = torch.zeros(slots, dtype=torch.long, device=dev)
+        self._logits = torch.zeros(slots, self.vocab_size, dtype=torch.float32, device=dev)
+        self.static_decode = True
 
     @property
     def weight_bytes(self) -> int:
@@ -153,10 +166,19 @@ class ModelRunner:
         )
         return out.logits[:, -1].float()
 
+    def _decode_fn(self, ids: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        if self._compiled is not None:
+            try:
+                return self._compiled(ids, positions, kv_len)
+            except Exception:  # noqa: BLE001 - e.g. no working compiler toolchain: stay correct, run eager
+                logger.exception("native engine: torch.compile of the decode step failed; decoding eagerly")
+                self._compiled = None
+        return self._forward_decode(ids, positions, kv_len)
+
     def kv_len_for(self, max_position: int) -> int:
         """Keys a decode step reads per row: exact in eager mode, bucketed when replaying graphs."""
         need = max_position + 1
-        if not self.cuda_graphs:
+        if not self.static_decode:
             return need
         return min(self.cache.slot_len, -(-need // self.kv_len_bucket) * self.kv_len_bucket)
 
@@ -164,59 +186,63 @@ class ModelRunner:
         """One token for each of the rows 0..B-1 (slot b = row b); return [B, V] logits."""
         rows = len(tokens)
         kv_len = self.kv_len_for(max(positions))
-        if not self.cuda_graphs:
+        if not self.static_decode:
             dev = self.device.torch_device
             ids = torch.tensor(tokens, dtype=torch.long, device=dev)
             pos = torch.tensor(positions, dtype=torch.long, device=dev)
-            return self._forward_decode(ids, pos, kv_len)
+            return self._decode_fn(ids, pos, kv_len)
         padded = self._batch_buckets[bisect.bisect_left(self._batch_buckets, rows)]
         pad = padded - rows
         # padding rows write position 0 of free slots (rows >= B are never live): harmless
         self._ids[:padded].copy_(torch.tensor(tokens + [0] * pad, dtype=torch.long))
         self._pos[:padded].copy_(torch.tensor(positions + [0] * pad, dtype=torch.long))
-        graph = self._graphs.get((padded, kv_len))
-        if graph is None:
-            graph = self._capture(padded, kv_len)
-            if graph is None:  # capture failed: the runner fell back to eager
-                return self.decode(tokens, positions)
-        graph.replay()
+        replay = self._graphs.get((padded, kv_len)) or self._capture(padded, kv_len)
+        if replay is None:  # capture failed: the runner fell back to eager
+            return self.decode(tokens, positions)
+        replay()
         return self._logits[:rows]
 
     def _graph_body(self, batch: int, kv_len: int) -> None:
-        self._logits[:batch].copy_(self._forward_decode(self._ids[:batch], self._pos[:batch], kv_len))
+        self._logits[:batch].copy_(self._decode_fn(self._ids[:batch], self._pos[:batch], kv_len))
 
-    def _capture(self, batch: int, kv_len: int) -> Optional["torch.cuda.CUDAGraph"]:
-        """Capture the decode step for one bucket; the inputs already hold this step's values.
-
-        The warm-up runs repeat the real step (same inputs, same K/V written), so capturing in
-        the middle of a run changes nothing. On failure, log and switch to eager for good.
-        """
+    def _capture(self, batch: int, kv_len: int) -> Optional[Callable[[], None]]:
+        """Make the replayable step of one bucket; on failure log and switch to eager for good."""
         try:
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._graph_body(batch, kv_len)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._graph_body(batch, kv_len)
+            replay = self._new_graph(batch, kv_len)
         except Exception:  # noqa: BLE001 - any capture problem means: run eager
             logger.exception("native engine: CUDA graph capture failed (batch %d, kv %d); decoding eagerly", batch, kv_len)
-            self.cuda_graphs = False
+            self.static_decode = False
             self._graphs.clear()
             return None
-        self._graphs[(batch, kv_len)] = graph
-        return graph
+        self._graphs[(batch, kv_len)] = replay
+        return replay
+
+    def _new_graph(self, batch: int, kv_len: int) -> Callable[[], None]:
+        """Capture the decode step of one bucket as a CUDA graph; the inputs hold this step's values.
+
+        The warm-up runs repeat the real step (same inputs, same K/V written), so capturing in
+        the middle of a run changes nothing. All graphs share one memory pool (they never run
+        concurrently and keep no live outputs: logits are copied into a static buffer).
+        """
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._graph_body(batch, kv_len)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._graph_body(batch, kv_len)
+        return graph.replay
 
     def warmup(self, max_batch: Optional[int] = None, max_kv_len: Optional[int] = None) -> int:
         """Capture every decode graph up to (max_batch, max_kv_len) now; call only while no sequence runs.
 
         Returns the number of graphs captured. A no-op when graphs are off.
         """
-        if not self.cuda_graphs:
+        if not self.static_decode:
             return 0
         max_batch = min(max_batch or self.cache.num_slots, self.cache.num_slots)
         max_kv_len = min(max_kv_len or self.cache.slot_len, self.cache.slot_len)
@@ -229,5 +255,5 @@ class ModelRunner:
             for kv_len in lens:
                 if (batch, kv_len) not in self._graphs and self._capture(batch, kv_len) is None:
                     return len(self._graphs)
-        torch.cuda.synchronize()
+        self.device.synchronize()
         return len(self._graphs)

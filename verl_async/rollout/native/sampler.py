@@ -58,7 +58,8 @@ def sample_tokens(
     """Draw one token per row of `logits` [B, V]; return (tokens [B] long, log-probs [B] float32).
 
     Per-row settings are plain Python sequences so deciding which work to do needs no
-    device sync. Temperature 0 means greedy.
+    device sync. Temperature 0 means greedy. NaN/Inf logits give a non-finite log-prob, which
+    the caller checks on the host (no extra pass over the logits).
     """
     logits = logits.float()
     rows = logits.size(0)
@@ -70,22 +71,22 @@ def sample_tokens(
         scaled = logits
     else:
         scaled = logits / torch.tensor(temps, device=logits.device, dtype=logits.dtype)[:, None]
-    log_probs = scaled.log_softmax(dim=-1)
 
     if all(greedy):
         tokens = logits.argmax(dim=-1)
     else:
         allowed = filter_top_k_top_p(scaled, top_ks, top_ps)
-        noise = torch.empty_like(allowed)
+        scores = torch.empty_like(allowed)
         if any(g is None and not gr for g, gr in zip(generators, greedy)):
-            noise.exponential_(generator=default_generator)
+            scores.exponential_(generator=default_generator)
         for row, (gen, gr) in enumerate(zip(generators, greedy)):
             if gen is not None and not gr:
-                noise[row].exponential_(generator=gen)
-        noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # Exp(1) may return exactly 0
-        tokens = (allowed - noise.log()).argmax(dim=-1)
+                scores[row].exponential_(generator=gen)
+        scores.clamp_(min=torch.finfo(scores.dtype).tiny).log_()  # Exp(1) may return exactly 0
+        tokens = torch.sub(allowed, scores, out=scores).argmax(dim=-1)  # argmax(log p - log E)
         if any(greedy):
             mask = torch.tensor(greedy, device=logits.device)
             tokens = torch.where(mask, logits.argmax(dim=-1), tokens)
-    token_log_probs = log_probs.gather(-1, tokens[:, None])[:, 0]
+    # log_softmax(scaled)[token] without materialising the [B, V] log-softmax
+    token_log_probs = scaled.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(scaled, dim=-1)
     return tokens, token_log_probs
