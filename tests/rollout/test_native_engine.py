@@ -443,3 +443,25 @@ def test_nan_logits_fail_requests_and_engine_recovers(tiny_model):
     broken, fixed = run(main())
     assert not broken.ok and "NaN" in broken.error and broken.token_ids == []
     assert fixed.ok and fixed.versions == [2] * 5
+
+
+def test_refit_mid_flight_and_cancelled_caller(tiny_model):
+    state = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+
+    async def main():
+        eng = NativeEngine(model=tiny_model, max_num_seqs=2, max_model_len=512)
+        try:
+            running = asyncio.create_task(eng.generate(req("m", [1, 2, 3], max_tokens=300, ignore_eos=True)))
+            doomed = asyncio.create_task(eng.generate(req("c", [4, 5], max_tokens=400, ignore_eos=True)))
+            await wait_until(lambda: eng.progress("m") >= 3 and eng.progress("c") >= 1)
+            await eng.update_weights(iter(state.items()), version=5)  # not paused: applies between two steps
+            doomed.cancel()  # a caller that goes away aborts its request
+            await wait_until(lambda: eng.progress("c") == -1)
+            return await running, eng.stats()
+        finally:
+            await eng.shutdown()
+
+    res, stats = run(main())
+    k = res.versions.index(5)
+    assert 3 <= k < 300 and res.versions == [0] * k + [5] * (300 - k)
+    assert stats.running <= 1

@@ -445,21 +445,7 @@ class NativeEngine(InferenceEngine):
                     self._fail(self._sched.running, exc)
                     self._retire()
             self._fail(list(self._sched.running) + list(self._sched.waiting), RuntimeError("engine shut down"))
-            self._retire()
-            self._drain_after_stop()
-
-    def _drain_after_stop(self) -> None:
-        while True:
-            try:
-                fn, args, fut = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if fn is self._add:
-                seq = args[0]
-                seq.error = f"request {seq.request_id!r}: engine shut down"
-                seq.deliver(seq.result())
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(RuntimeError("native engine is shut down"))
+            self._retire()  # no command can be queued any more: _stop closed _post under its lock
 
     def _step(self) -> None:
         admitted = self._sched.admit()
