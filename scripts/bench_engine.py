@@ -173,57 +173,39 @@ async def bench(args) -> dict:
     bucket = args.kv_len_bucket
     max_model_len = -(-(args.prompt_len + args.max_len) // bucket) * bucket
     rng = torch.Generator().manual_seed(args.seed)
-    rows, meta = [], {}
-    for batch in args.batch_list:
-        prompts, lengths = workload(args, batch, vocab, rng)
-        engine = NativeEngine(
-            model=model,
-            device=spec,
-            max_num_seqs=batch,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=max(8192, args.prompt_len * min(batch, 64)),
-            cuda_graphs=args.cuda_graphs,
-            compile_decode=args.compile,
-            kv_len_bucket=bucket,
-            seed=args.seed,
-        )
-        try:
-            t0 = time.perf_counter()
-            graphs = await engine.warmup(batch, args.prompt_len + max(lengths))
-            await run_engine(engine, prompts[:2], [min(4, n) for n in lengths[:2]], "prime")
-            warm_s = time.perf_counter() - t0
+    workloads = [(batch, *workload(args, batch, vocab, rng)) for batch in args.batch_list]
+    # One engine for every batch size: graphs are captured (and the decode step compiled) once;
+    # a batch of B requests simply keeps B of its slots busy.
+    engine = NativeEngine(
+        model=model,
+        device=spec,
+        max_num_seqs=max(args.batch_list),
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max(8192, args.prompt_len * 64),
+        cuda_graphs=args.cuda_graphs,
+        compile_decode=args.compile,
+        kv_len_bucket=bucket,
+        seed=args.seed,
+    )
+    rows = []
+    try:
+        t0 = time.perf_counter()
+        graphs = await engine.warmup(max(args.batch_list), args.prompt_len + args.max_len)
+        await run_engine(engine, [w[1][0] for w in workloads], [4] * len(workloads), "prime")
+        warm_s = time.perf_counter() - t0
+        print(f"warmup: {graphs} decode graphs, {warm_s:.1f}s", flush=True)
+        for batch, prompts, lengths in workloads:
             wall, prof = await run_engine(engine, prompts, lengths, f"b{batch}")
-        finally:
-            await engine.shutdown()
-            del engine
-            device_lib.empty_cache(spec.kind)
-        tokens = sum(lengths)
+            rows.append(summarize(batch, lengths, wall, prof, bandwidth))
+            if args.hf and batch <= args.hf_max_batch:
+                pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+                run_hf_generate(model, prompts[:1], [2], spec, pad_id)  # prime
+                hf_s = run_hf_generate(model, prompts, lengths, spec, pad_id)
+                rows[-1].update(hf_s=hf_s, hf_tok_s=sum(lengths) / hf_s, speedup_vs_hf=hf_s / wall)
+            print(format_row(rows[-1]), flush=True)
         meta = {k: prof[k] for k in ("weight_bytes", "kv_bytes_per_token")}
-        roof_s = (
-            prof["decode_steps"] * prof["weight_bytes"] + prof["decode_kv_tokens"] * prof["kv_bytes_per_token"]
-        ) / bandwidth
-        row = {
-            "batch": batch,
-            "tokens": tokens,
-            "len_mean": tokens / batch,
-            "len_max": max(lengths),
-            "engine_s": wall,
-            "engine_tok_s": tokens / wall,
-            "decode_steps": int(prof["decode_steps"]),
-            "mean_decode_batch": prof["decode_rows"] / max(prof["decode_steps"], 1),
-            "prefill_share": prof["prefill_s"] / wall,
-            "roofline_tok_s": tokens / roof_s if roof_s else float("nan"),
-            "roofline_frac": roof_s / wall,
-            "warmup_s": warm_s,
-            "graphs": graphs,
-        }
-        if args.hf and batch <= args.hf_max_batch:
-            pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-            run_hf_generate(model, prompts[:1], [2], spec, pad_id)  # prime
-            hf_s = run_hf_generate(model, prompts, lengths, spec, pad_id)
-            row.update(hf_s=hf_s, hf_tok_s=tokens / hf_s, speedup_vs_hf=hf_s / wall)
-        rows.append(row)
-        print(format_row(row), flush=True)
+    finally:
+        await engine.shutdown()
     return {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "device": describe_device(spec),
@@ -236,7 +218,28 @@ async def bench(args) -> dict:
         "cuda_graphs": args.cuda_graphs,
         "compile": args.compile,
         "torch_threads": torch.get_num_threads(),
+        "warmup_s": warm_s,
+        "graphs": graphs,
         "results": rows,
+    }
+
+
+def summarize(batch: int, lengths: list[int], wall: float, prof: dict, bandwidth: float) -> dict:
+    tokens = sum(lengths)
+    roof_s = (prof["decode_steps"] * prof["weight_bytes"] + prof["decode_kv_tokens"] * prof["kv_bytes_per_token"]) / bandwidth
+    return {
+        "batch": batch,
+        "tokens": tokens,
+        "len_mean": tokens / batch,
+        "len_max": max(lengths),
+        "engine_s": wall,
+        "engine_tok_s": tokens / wall,
+        "decode_steps": int(prof["decode_steps"]),
+        "mean_decode_batch": prof["decode_rows"] / max(prof["decode_steps"], 1),
+        "decode_ms_per_step": 1000 * prof["decode_s"] / max(prof["decode_steps"], 1),
+        "prefill_share": prof["prefill_s"] / wall,
+        "roofline_tok_s": tokens / roof_s if roof_s else float("nan"),
+        "roofline_frac": roof_s / wall,
     }
 
 
@@ -246,14 +249,18 @@ def describe_device(spec) -> str:
     return f"{spec.kind} ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
-HEADER = f"{'batch':>5} {'tokens':>7} {'len mean/max':>13} {'engine tok/s':>12} {'HF tok/s':>9} {'x HF':>6} {'roofline tok/s':>14} {'% roof':>6} {'prefill%':>8}"
+HEADER = (
+    f"{'batch':>5} {'tokens':>7} {'len mean/max':>13} {'engine tok/s':>12} {'HF tok/s':>9} {'x HF':>6} "
+    f"{'roofline tok/s':>14} {'% roof':>6} {'prefill%':>8} {'ms/decode':>9}"
+)
 
 
 def format_row(r: dict) -> str:
     hf = f"{r['hf_tok_s']:9.1f} {r['speedup_vs_hf']:6.2f}" if "hf_tok_s" in r else f"{'-':>9} {'-':>6}"
     return (
         f"{r['batch']:5d} {r['tokens']:7d} {r['len_mean']:6.1f}/{r['len_max']:<6d} {r['engine_tok_s']:12.1f} {hf} "
-        f"{r['roofline_tok_s']:14.1f} {100 * r['roofline_frac']:6.1f} {100 * r['prefill_share']:8.1f}"
+        f"{r['roofline_tok_s']:14.1f} {100 * r['roofline_frac']:6.1f} {100 * r['prefill_share']:8.1f} "
+        f"{r['decode_ms_per_step']:9.2f}"
     )
 
 

@@ -240,12 +240,19 @@ class ModelRunner:
     def warmup(self, max_batch: Optional[int] = None, max_kv_len: Optional[int] = None) -> int:
         """Capture every decode graph up to (max_batch, max_kv_len) now; call only while no sequence runs.
 
-        Returns the number of graphs captured. A no-op when graphs are off.
+        Returns the number of graphs captured. Without graphs but with `compile_decode`, runs
+        the decode step at a few shapes so that compilation (batch 1 is specialised, then the
+        shapes turn dynamic) happens here rather than in the first requests.
         """
-        if not self.static_decode:
-            return 0
         max_batch = min(max_batch or self.cache.num_slots, self.cache.num_slots)
         max_kv_len = min(max_kv_len or self.cache.slot_len, self.cache.slot_len)
+        if not self.static_decode:
+            if self._compiled is not None:
+                dev = self.device.torch_device
+                for batch, kv_len in ((1, 1), (1, 2), (min(2, max_batch), 3), (min(3, max_batch), 4)):
+                    ids = torch.zeros(batch, dtype=torch.long, device=dev)
+                    self._decode_fn(ids, torch.zeros_like(ids), kv_len)
+            return 0
         batches = [b for b in self._batch_buckets if b < max_batch]
         batches.append(self._batch_buckets[bisect.bisect_left(self._batch_buckets, max_batch)])
         lens = list(range(self.kv_len_bucket, max_kv_len, self.kv_len_bucket)) + [self.kv_len_for(max_kv_len - 1)]
