@@ -38,6 +38,7 @@ import concurrent.futures
 import functools
 import logging
 import math
+import numbers
 import queue
 import threading
 import time
@@ -89,7 +90,19 @@ def _deliver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result: Gener
 
 
 class NativeEngine(InferenceEngine):
-    """Continuous-batching torch engine; see the module docstring for the design."""
+    """Continuous-batching torch engine; see the module docstring for the design.
+
+    Sizing: `max_model_len` (default: the model's max_position_embeddings; from_config uses
+    prompt_length + response_length) is the slot length, the most tokens prompt + response may
+    hold; `kv_cache_tokens` (default max_num_seqs * max_model_len) is the KV budget, allocated
+    up front as min(max_num_seqs, kv_cache_tokens // max_model_len) slots; requests beyond it
+    wait. `max_num_batched_tokens` caps one prefill batch (padded tokens).
+    Device: "cpu" | "cuda" | "npu" (through verl_async.utils.device; NPU untested here), dtype
+    float32 on CPU and bf16 on accelerators unless given. `cuda_graphs` (default on for CUDA)
+    replays decode steps per (batch, KV-length bucket of `kv_len_bucket` tokens);
+    `compile_decode` adds torch.compile (opt-in). `check_finite_weights` rejects NaN/Inf
+    tensors in update_weights.
+    """
 
     name = "native"
 
@@ -344,9 +357,9 @@ class NativeEngine(InferenceEngine):
             sp.validate()
         except ValueError as exc:
             return str(exc)
-        if not isinstance(sp.top_k, int) or sp.top_k < -1:
+        if not isinstance(sp.top_k, numbers.Integral) or sp.top_k < -1:
             return f"top_k must be -1/0 (off) or a positive int, got {sp.top_k!r}"
-        if sp.seed is not None and not isinstance(sp.seed, int):
+        if sp.seed is not None and not isinstance(sp.seed, numbers.Integral):
             return f"seed must be an int or None, got {sp.seed!r}"
         if not request.prompt_ids:
             return "prompt_ids is empty"
@@ -356,7 +369,7 @@ class NativeEngine(InferenceEngine):
             ("prefix_token_ids", request.prefix_token_ids),
             ("stop_token_ids", sp.stop_token_ids),
         ):
-            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+            bad = [t for t in ids if not isinstance(t, numbers.Integral) or not 0 <= t < vocab]
             if bad:
                 return f"{what} holds ids outside the vocabulary [0, {vocab}): {bad[:5]}"
         n_prefix = len(request.prefix_token_ids)
@@ -390,7 +403,7 @@ class NativeEngine(InferenceEngine):
             stop |= self.eos_token_ids
         generator = None
         if sp.seed is not None and sp.temperature > 0:
-            generator = torch.Generator(device=self._spec.torch_device).manual_seed(sp.seed)
+            generator = torch.Generator(device=self._spec.torch_device).manual_seed(int(sp.seed))
         return Sequence(
             request=request,
             deliver=deliver or (lambda result: None),
