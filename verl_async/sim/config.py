@@ -37,6 +37,7 @@ class PDSRConfig:
     restart: bool = False                # moved responses restart instead of continuing
     batch_size: int | None = None        # prompts per P-DSR batch; None: required_samples
     probe_on_heavy: bool = True          # heavy replicas also run probes (after heavy work)
+    fast_steal_heavy: bool = False       # NOT in DESIGN: idle fast replicas also take heavy work
     truth: str = "mean"                  # top-k precision ground truth: mean | max
 
 

@@ -66,7 +66,8 @@ class PDSRDispatch:
 
     Pools: ``probe`` (fast replicas first; heavy ones after their heavy work when
     ``probe_on_heavy``), ``fast`` (rest of fast prompts, max_tokens = the cap) and
-    ``heavy`` (rest of offloaded prompts, then moved responses, FCFS). Rests enter
+    ``heavy`` (rest of offloaded prompts, then moved responses, FCFS; with the
+    ``fast_steal_heavy`` variant fast replicas take it last, when idle). Rests enter
     their pool in rank order (longest probe first). The group completes, and goes
     to the queue, only when probe + all rests are done: it is never split.
     """
@@ -82,7 +83,7 @@ class PDSRDispatch:
     def pools_for(self, replica: int) -> tuple[str, ...]:
         if replica in self.heavy:
             return ("heavy", "probe") if self.p.probe_on_heavy else ("heavy",)
-        return ("probe", "fast")
+        return ("probe", "fast", "heavy") if self.p.fast_steal_heavy else ("probe", "fast")
 
     def max_num_seqs_for(self, replica: int) -> int:
         if replica in self.heavy:

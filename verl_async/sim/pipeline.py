@@ -233,8 +233,11 @@ class Simulation:
     def _maybe_submit(self) -> bool:
         if self.syncing or self.sync_requested_at is not None:
             return False
-        hard = min(self.max_required - self.count, len(self.workload) - self.next_prompt)
-        want = min(self.dispatch.batch_size, hard)
+        # a batch shrinks only to what this version, the workload or the limits ever allow;
+        # otherwise it waits until the queue / in-flight room for all of it frees up
+        limit = min(self.capacity, self.cfg.max_inflight_groups or self.capacity)
+        want = min(self.dispatch.batch_size, self.max_required - self.count,
+                   len(self.workload) - self.next_prompt, limit)
         if want <= 0:
             return False
         room = self.capacity - len(self.inflight) - len(self.queue)
