@@ -123,7 +123,7 @@ def test_stats_counters_and_metric_names():
     stats.record_plan(plan, n=4)
     stats.record_precision(plan, [(10,) * 4, (50,) * 4, (30,) * 4, (40,) * 4, (20,) * 4])
     stats.record_breaker()
-    stats.record_breaker(regenerated_tokens=60)
+    stats.record_breaker(regenerated_tokens=60, first_in_group=False)
     m = stats.metrics()
     assert m["pdsr/offload_count"] == 1
     assert m["pdsr/fast_responses"] == 12           # 4 fast prompts x 3 rest responses
@@ -132,6 +132,7 @@ def test_stats_counters_and_metric_names():
     assert m["pdsr/topk_precision"] == 1.0
     assert m["pdsr/regenerated_tokens"] == 60
     assert m["pdsr/offload_rate"] == pytest.approx(0.2)
+    assert m["pdsr/breaker_prompt_rate"] == pytest.approx(1 / 4)   # both breakers in one prompt
     assert pdsr.PDSRStats().metrics()["pdsr/topk_precision"] is None
 
 

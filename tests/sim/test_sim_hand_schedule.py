@@ -131,6 +131,7 @@ def test_pdsr_continue():
     assert s["pdsr/fast_responses"] == 3
     assert s["pdsr/breaker_count"] == 1
     assert s["pdsr/breaker_rate"] == pytest.approx(1 / 3, rel=1e-12)
+    assert s["pdsr/breaker_prompt_rate"] == pytest.approx(1 / 3, rel=1e-12)   # P2 of P0, P2, P3
     assert s["pdsr/topk_precision"] == 0.0
     assert s["regenerated_tokens"] == 0
     assert s["staleness"]["hist"] == {"0": 2, "1": 2}

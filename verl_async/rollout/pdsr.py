@@ -25,7 +25,8 @@ Definitions (binding for the Rollouter, the simulator and the metrics):
   ``cap_mode="probe"`` caps each fast prompt at ``cap_factor`` times its OWN probe
   (the notes' first variant, kept for comparison).
 * breaker rate = moved responses / responses run under the cap on fast replicas
-  (the n-1 non-probe responses of each fast prompt).
+  (the n-1 non-probe responses of each fast prompt); breaker prompt rate = fast
+  prompts with at least one moved response / fast prompts.
 * top-k probe precision = |offloaded prompts that are truly in the batch's top k| / k,
   where "truly" ranks prompts by the mean (default) or max of all n response lengths.
 """
@@ -181,7 +182,9 @@ class PDSRStats:
     prompts: int = 0
     offloaded: int = 0
     fast_responses: int = 0
+    fast_prompts: int = 0
     breakers: int = 0
+    breaker_prompts: int = 0
     regenerated_tokens: int = 0
     precision_hits: int = 0
     precision_k: int = 0
@@ -192,6 +195,7 @@ class PDSRStats:
         self.prompts += len(plan.order)
         self.offloaded += len(plan.heavy)
         self.fast_responses += len(plan.fast) * max(0, n - 1)
+        self.fast_prompts += len(plan.fast) if n > 1 else 0
 
     def record_precision(self, plan: BatchPlan, group_lengths: Sequence[Sequence[int]],
                          truth: str = "mean") -> None:
@@ -199,13 +203,19 @@ class PDSRStats:
         self.precision_hits += hits
         self.precision_k += k
 
-    def record_breaker(self, regenerated_tokens: int = 0) -> None:
+    def record_breaker(self, regenerated_tokens: int = 0, first_in_group: bool = True) -> None:
+        """One moved response; ``first_in_group``: its prompt had no breaker before."""
         self.breakers += 1
+        self.breaker_prompts += bool(first_in_group)
         self.regenerated_tokens += int(regenerated_tokens)
 
     @property
     def breaker_rate(self) -> float:
         return self.breakers / self.fast_responses if self.fast_responses else 0.0
+
+    @property
+    def breaker_prompt_rate(self) -> float:
+        return self.breaker_prompts / self.fast_prompts if self.fast_prompts else 0.0
 
     @property
     def offload_rate(self) -> float:
@@ -223,6 +233,7 @@ class PDSRStats:
             "pdsr/fast_responses": self.fast_responses,
             "pdsr/breaker_count": self.breakers,
             "pdsr/breaker_rate": self.breaker_rate,
+            "pdsr/breaker_prompt_rate": self.breaker_prompt_rate,
             "pdsr/topk_precision": self.precision,
             "pdsr/regenerated_tokens": self.regenerated_tokens,
         }

@@ -79,6 +79,7 @@ class PDSRDispatch:
         self.batch_size = self.p.batch_size or cfg.required_samples
         self.stats = pdsr.PDSRStats()
         self._batch_of: dict[int, _Batch] = {}
+        self._broken: set[int] = set()     # groups with a moved response
 
     def pools_for(self, replica: int) -> tuple[str, ...]:
         if replica in self.heavy:
@@ -102,7 +103,8 @@ class PDSRDispatch:
         true_len = gs.spec.lengths[job.response]
         if job.kind == "fast" and true_len > job.cap:
             out = pdsr.breaker_outcome(true_len, job.cap, self.p.restart)
-            self.stats.record_breaker(out.regenerated_tokens)
+            self.stats.record_breaker(out.regenerated_tokens, job.group not in self._broken)
+            self._broken.add(job.group)
             sim.push("heavy", sim.make_job(
                 gs, job.response, "moved", out.heavy_tokens, self.cfg.max_response_length,
                 prefix=0 if self.p.restart else out.fast_tokens, prev=job))

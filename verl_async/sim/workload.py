@@ -119,7 +119,6 @@ def length_stats(groups: Sequence[GroupSpec], batch_size: int, offload_ratio: fl
     short = [g for g in groups if g.probe_len < threshold]
     fn = sum(1 for g in short if any(x > threshold for x in g.rest))
     stats = {"mean": pdsr.PDSRStats(), "max": pdsr.PDSRStats()}
-    moved_prompts = fast_prompts = 0
     for b in range(0, len(groups), batch_size):
         batch = groups[b:b + batch_size]
         plan = pdsr.plan_batch([g.probe_len for g in batch], offload_ratio, cap_factor,
@@ -129,12 +128,9 @@ def length_stats(groups: Sequence[GroupSpec], batch_size: int, offload_ratio: fl
         st = stats["mean"]
         st.record_plan(plan, len(batch[0].lengths))
         for pos in plan.fast:
-            rest = batch[pos].rest
-            moved = [x for x in rest if pdsr.breaker_outcome(x, plan.cap_for(pos)).moved]
-            for _ in moved:
-                st.record_breaker()
-            fast_prompts += 1
-            moved_prompts += bool(moved)
+            moved = [x for x in batch[pos].rest if pdsr.breaker_outcome(x, plan.cap_for(pos)).moved]
+            for j in range(len(moved)):
+                st.record_breaker(first_in_group=j == 0)
     all_lens = np.concatenate(lens)
     return {
         "groups": len(groups),
@@ -150,7 +146,7 @@ def length_stats(groups: Sequence[GroupSpec], batch_size: int, offload_ratio: fl
         "topk_precision_mean": stats["mean"].precision,
         "topk_precision_max": stats["max"].precision,
         "breaker_rate": stats["mean"].breaker_rate,
-        "breaker_prompt_rate": moved_prompts / fast_prompts if fast_prompts else 0.0,
+        "breaker_prompt_rate": stats["mean"].breaker_prompt_rate,
         "batch_size": batch_size,
         "offload_ratio": offload_ratio,
         "cap_factor": cap_factor,
