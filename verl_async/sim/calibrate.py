@@ -154,8 +154,12 @@ def fit_speed(groups: list[dict], pauses: list[tuple[float, float]], iterations:
     bins = np.rint(bbar).astype(int)
     table = [{"batch": int(b), "tokens_per_s": float(1 / np.average(y[bins == b], weights=w[bins == b])),
               "responses": int((bins == b).sum())} for b in np.unique(bins)]
+    # a run whose batch hardly varied pins the speed at that batch only (c1 is then
+    # a guess): the observed range tells how far a prediction extrapolates
     return c0, c1, {"responses_fitted": int(keep.sum()), "rel_err_rms": float(np.sqrt(np.mean(rel ** 2))),
-                    "max_concurrency": max_conc, "speed_table": table}
+                    "max_concurrency": max_conc,
+                    "batch_p5_p95": [float(np.percentile(bbar, 5)), float(np.percentile(bbar, 95))],
+                    "speed_table": table}
 
 
 def fit_trainer(spans: list[dict]) -> tuple[float, float, float, dict]:

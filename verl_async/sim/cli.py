@@ -125,6 +125,7 @@ COLUMNS = [
     ("wall s", "wall_time", "{:.1f}"), ("saving vs async", "saving_vs_async", "{:+.1%}"),
     ("rollout busy", "rollout_busy_ratio", "{:.2f}"), ("trainer idle", "trainer_idle_ratio", "{:.2f}"),
     ("efficiency", "pipeline_efficiency", "{:.2f}"), ("breaker", "pdsr/breaker_rate", "{:.1%}"),
+    ("brk prompts", "pdsr/breaker_prompt_rate", "{:.1%}"),
     ("offloaded", "pdsr/offload_count", "{}"), ("precision", "pdsr/topk_precision", "{:.2f}"),
     ("regen tok", "regenerated_tokens", "{}"), ("lat p50", "lat_p50", "{:.1f}"),
     ("lat p95", "lat_p95", "{:.1f}"), ("lat p99", "lat_p99", "{:.1f}"),
@@ -188,10 +189,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.calibrate:
         calib = calibrate(args.calibrate)
         out["calibration"] = {k: v for k, v in vars(calib).items()}
+        lo, hi = calib.details["batch_p5_p95"]
         print(f"calibration from {args.calibrate}: step latency = {calib.c0:.6g} + {calib.c1:.6g} * batch "
               f"s/token (rel. err rms {calib.details['rel_err_rms']:.3f}, "
-              f"{calib.details['responses_fitted']} responses); train = {calib.train_a:.4g} + "
-              f"{calib.train_b:.4g} * tokens s; sync = {calib.sync_time:.4g} s")
+              f"{calib.details['responses_fitted']} responses, batch p5..p95 {lo:.0f}..{hi:.0f}); "
+              f"train = {calib.train_a:.4g} + {calib.train_b:.4g} * tokens s; sync = {calib.sync_time:.4g} s")
         if args.save_calibration:
             calib.save(args.save_calibration)
     if args.predict:

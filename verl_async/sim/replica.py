@@ -50,6 +50,7 @@ class Replica:
     kv_used: int = 0
     paused: bool = False
     busy_time: float = 0.0
+    seq_time: float = 0.0             # integral of running sequences over busy time
     spans: list[tuple[float, float]] = field(default_factory=list)
     _heap: list = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
@@ -90,6 +91,7 @@ class Replica:
         if r > 0:
             self.clock += r * dt
             self.busy_time += dt
+            self.seq_time += len(self._heap) * dt
         self.t = t
 
     def pop_done(self) -> list[Job]:

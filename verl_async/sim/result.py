@@ -3,7 +3,8 @@
 Ratios are of the wall time (start of the run to the end of the last train step):
 
 * replica busy = time it had >= 1 running sequence and was not paused for a sync;
-  idle ratio = 1 - busy / wall (sync pauses count as idle);
+  idle ratio = 1 - busy / wall (sync pauses count as idle); mean_batch = running
+  sequences averaged over its busy time;
 * rollout busy ratio = mean replica busy ratio;
 * trainer idle ratio = 1 - train time / wall (waiting for data, draining and
   syncing all count as idle);
@@ -117,7 +118,8 @@ def summarize(sim: "Simulation") -> SimResult:
         role = ("heavy" if r.index in heavy else "fast") if cfg.dispatch == "pdsr" else "any"
         replicas.append({"index": r.index, "role": role, "busy": r.busy_time,
                          "busy_ratio": r.busy_time / wall if wall else 0.0,
-                         "idle_ratio": 1.0 - r.busy_time / wall if wall else 0.0})
+                         "idle_ratio": 1.0 - r.busy_time / wall if wall else 0.0,
+                         "mean_batch": r.seq_time / r.busy_time if r.busy_time else 0.0})
         spans += [{"lane": f"rollout/replica{r.index}", "kind": "generate", "start": a, "end": b,
                    "version": None, "info": {}} for a, b in r.spans]
     train_busy = sum(s.end - s.start for s in sim.steps)
