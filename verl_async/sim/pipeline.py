@@ -6,8 +6,8 @@ Semantics (DESIGN.md "Staleness", "Parameter sync and partial rollout"):
   parameter version) is below ``max_required_samples``, the queue has room
   (in-flight + queued < ``queue_capacity``) and, if set, in-flight <
   ``max_inflight_groups``. A dispatch batch (1 group, or the P-DSR batch) is
-  submitted whole; it shrinks only to what the version budget or the workload
-  still allows.
+  submitted whole; it shrinks only to what the version budget, the workload or
+  those limits can ever allow, else it waits for room.
 * A group is complete when all n responses are; then it enters the FIFO queue.
 * The Trainer takes ``required_samples`` groups per step; the step lasts
   ``train_a + train_b * tokens`` (tokens = sum of prompt_len + len per response).
