@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from tests.fakes import FakeEngine
 from verl_async.queue import MessageQueue
 from verl_async.rollout.engine import SamplingParams
-from verl_async.rollout.rollouter import PromptItem, Rollouter
+from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.staleness import StalenessBudget, max_required_samples
 
 
 class ListSource:
     def __init__(self, count: int):
-        self.items = [PromptItem(f"e0-i{i}", i, 0, [1, 2, i % 5 + 3]) for i in range(count)]
+        self.items = [PromptTask(f"e0-i{i}", i, 0, [1, 2, i % 5 + 3]) for i in range(count)]
         self.pos = 0
 
     def next(self):

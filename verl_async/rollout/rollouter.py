@@ -33,7 +33,7 @@ logger = logging.getLogger("verl_async.rollouter")
 
 
 @dataclass
-class PromptItem:
+class PromptTask:
     """What the Rollouter needs of one dataset row."""
 
     uid: str
@@ -46,13 +46,13 @@ class PromptItem:
 
 
 class PromptSource(Protocol):
-    def next(self) -> Optional[PromptItem]: ...
-    def push_front(self, items: Sequence[PromptItem]) -> None: ...
+    def next(self) -> Optional[PromptTask]: ...
+    def push_front(self, items: Sequence[PromptTask]) -> None: ...
     def state_dict(self) -> dict: ...
 
 
 class GroupScorer(Protocol):
-    async def __call__(self, item: PromptItem, responses: list[Response]) -> list[tuple[float, dict[str, float]]]: ...
+    async def __call__(self, item: PromptTask, responses: list[Response]) -> list[tuple[float, dict[str, float]]]: ...
 
 
 class SampleSink(Protocol):
@@ -111,7 +111,7 @@ class Rollouter:
         self.seed = seed
         self.version = version
         self.counters = RolloutCounters()
-        self._inflight: dict[str, tuple[PromptItem, asyncio.Task]] = {}
+        self._inflight: dict[str, tuple[PromptTask, asyncio.Task]] = {}
         self._requests_per_engine = [0] * len(self.engines)
         self._open = asyncio.Event()  # set = generation allowed (not inside a sync)
         self._open.set()
@@ -122,7 +122,7 @@ class Rollouter:
         self._stop = False
         self._busy_since: Optional[float] = None
         self._failure: Optional[BaseException] = None
-        self._next_item: Optional[PromptItem] = None  # taken from the source, not started yet
+        self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
         if lengths_log:
             os.makedirs(os.path.dirname(os.path.abspath(lengths_log)), exist_ok=True)
 
@@ -167,7 +167,7 @@ class Rollouter:
     def _poke(self) -> None:
         self._changed.set()
 
-    def _start_group(self, item: PromptItem) -> None:
+    def _start_group(self, item: PromptTask) -> None:
         self.budget.on_start()
         self.counters.started_groups += 1
         task = asyncio.create_task(self._run_group(item), name=f"group-{item.uid}")
@@ -181,7 +181,7 @@ class Rollouter:
             logger.error("group %s failed: %r", uid, self._failure)
         self._poke()
 
-    async def _run_group(self, item: PromptItem) -> None:
+    async def _run_group(self, item: PromptTask) -> None:
         version_start = self.version
         submit = self.timeline.now()
         results = await asyncio.gather(*(self._generate_one(item, i) for i in range(self.n)))
@@ -214,7 +214,7 @@ class Rollouter:
     def _pick_engine(self) -> int:
         return min(range(len(self.engines)), key=lambda i: self._requests_per_engine[i])
 
-    async def _generate_one(self, item: PromptItem, i: int) -> Optional[Response]:
+    async def _generate_one(self, item: PromptTask, i: int) -> Optional[Response]:
         prefix = GenerateResult(request_id="", token_ids=[], log_probs=[], versions=[], finish_reason="abort")
         seed = None if self.sampling.seed is None else hash((self.sampling.seed, item.uid, i)) % (2**31)
         errors = 0
@@ -341,7 +341,7 @@ class Rollouter:
         self._poke()
 
     # ------------------------------------------------------------------ state
-    def pending_items(self) -> list[PromptItem]:
+    def pending_items(self) -> list[PromptTask]:
         """Prompts taken from the source but not yet in the queue (regenerated after a resume)."""
         items = [item for item, _ in self._inflight.values()]
         return items + ([self._next_item] if self._next_item is not None else [])

@@ -1,0 +1,143 @@
+"""Engine replicas as Ray actors, and the proxy that makes one look like a local engine.
+
+Each replica owns its devices (rollout.tensor_model_parallel_size of them; a CPU share on
+CPU). `RemoteEngine` implements the InferenceEngine interface by forwarding to the actor,
+so the Rollouter's scheduling code is the same for in-process engines (tests) and for
+replicas on their own GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+
+import ray
+import torch
+
+from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
+from verl_async.rollout.registry import build_engine_from_config
+from verl_async.utils import device as device_layer
+
+
+def _buckets_from_refs(refs: Sequence[Any]) -> Iterator[Any]:
+    """Fetch weight buckets one at a time (peak extra memory: one bucket)."""
+    for ref in refs:
+        yield ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
+
+
+class EngineReplica:
+    """Plain class behind the replica actor: builds the configured engine on this process's device."""
+
+    def __init__(
+        self,
+        rollout_cfg: Mapping[str, Any],
+        model_path: str,
+        device: str,
+        *,
+        trust_remote_code: bool = False,
+        override_config: Optional[Mapping[str, Any]] = None,
+        index: int = 0,
+    ) -> None:
+        spec = device_layer.resolve(device)
+        spec.set_current()
+        self.index = index
+        self.engine = build_engine_from_config(
+            rollout_cfg,
+            model_path=model_path,
+            device=str(spec.torch_device),
+            trust_remote_code=trust_remote_code,
+            override_config=override_config,
+        )
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return await self.engine.generate(request)
+
+    async def abort(self, request_ids: Optional[list[str]] = None) -> None:
+        await self.engine.abort(request_ids)
+
+    async def load_buckets(self, refs: list, version: int) -> None:
+        await self.engine.update_weights(_buckets_from_refs(refs), version)
+
+    async def pause(self) -> None:
+        await self.engine.pause()
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def version(self) -> int:
+        return self.engine.version
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+
+class RemoteEngine(InferenceEngine):
+    """An InferenceEngine whose work happens in an `EngineReplica` actor."""
+
+    def __init__(self, handle: Any, index: int = 0) -> None:
+        self.handle = handle
+        self.index = index
+        self._version = -1
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return await self.handle.generate.remote(request)
+
+    async def abort(self, request_ids: Optional[Sequence[str]] = None) -> None:
+        await self.handle.abort.remote(None if request_ids is None else list(request_ids))
+
+    async def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:
+        """Buckets (or ObjectRefs of buckets) go to the actor by reference, fetched there one by one."""
+        refs = [item if isinstance(item, ray.ObjectRef) else ray.put(item) for item in named_tensors]
+        await self.handle.load_buckets.remote(refs, version)
+        self._version = version
+
+    async def pause(self) -> None:
+        await self.handle.pause.remote()
+
+    async def resume(self) -> None:
+        await self.handle.resume.remote()
+
+    def stats(self) -> EngineStats:
+        return ray.get(self.handle.stats.remote(), timeout=60)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def shutdown(self) -> None:
+        await self.handle.shutdown.remote()
+
+
+def replica_actor_options(device: str, tensor_parallel_size: int, cpu_share: float = 0.25) -> dict[str, Any]:
+    """Ray resources for one replica: its accelerators, or a small CPU share (never a big reservation)."""
+    if device == "cuda":
+        return {"num_gpus": tensor_parallel_size, "num_cpus": 1}
+    if device == "npu":
+        return {"resources": {device_layer.ray_resource_name("npu"): tensor_parallel_size}, "num_cpus": 1}
+    return {"num_cpus": cpu_share}
+
+
+def start_replicas(
+    count: int,
+    rollout_cfg: Mapping[str, Any],
+    model_path: str,
+    device: str,
+    *,
+    trust_remote_code: bool = False,
+    override_config: Optional[Mapping[str, Any]] = None,
+    timeout_s: float = 600,
+) -> list[RemoteEngine]:
+    """Start `count` replica actors and wait until each has loaded its model."""
+    tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
+    actor_cls = ray.remote(EngineReplica)
+    handles = [
+        actor_cls.options(max_concurrency=1000, name=None, **replica_actor_options(device, tp)).remote(
+            rollout_cfg, model_path, device, trust_remote_code=trust_remote_code,
+            override_config=override_config, index=i,
+        )
+        for i in range(count)
+    ]
+    ray.get([h.version.remote() for h in handles], timeout=timeout_s)
+    return [RemoteEngine(h, i) for i, h in enumerate(handles)]

@@ -1,0 +1,277 @@
+"""The Rollouter actor: owns the data, the engine replicas and the rewards.
+
+`RolloutService` builds the plain `Rollouter` from the config and adds what the
+pipeline needs around it: weight loading from bucket refs, validation, and the state
+that makes a resumed run train every prompt exactly once (dataset cursor + the
+prompts that were taken but not yet queued).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import time
+from dataclasses import asdict
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from verl_async.data import PromptDataset, PromptIterator
+from verl_async.models import load_tokenizer
+from verl_async.protocol import Response
+from verl_async.reward.manager import build_reward_manager
+from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
+from verl_async.rollout.rollouter import PromptTask, Rollouter
+from verl_async.rollout.staleness import StalenessBudget, max_required_samples
+from verl_async.utils.timeline import Timeline
+
+logger = logging.getLogger("verl_async.rollout")
+
+
+class DatasetPromptSource:
+    """PromptIterator draws as PromptTasks, with a front buffer for prompts to redo after a resume."""
+
+    def __init__(self, iterator: PromptIterator) -> None:
+        self.iterator = iterator
+        self._front: collections.deque[PromptTask] = collections.deque()
+
+    @staticmethod
+    def task(epoch: int, item: Any) -> PromptTask:
+        return PromptTask(
+            uid=f"{epoch}:{item.index}",
+            index=item.index,
+            epoch=epoch,
+            prompt_ids=list(item.prompt_ids),
+            data_source=item.data_source,
+            ground_truth=item.ground_truth,
+            extra_info=dict(item.extra_info or {}),
+        )
+
+    def next(self) -> Optional[PromptTask]:
+        if self._front:
+            return self._front.popleft()
+        try:
+            draw = next(self.iterator)
+        except StopIteration:
+            return None
+        return self.task(draw.epoch, draw.item)
+
+    def push_front(self, items: Sequence[PromptTask]) -> None:
+        self._front.extendleft(reversed(list(items)))
+
+    def state_dict(self) -> dict:
+        return self.iterator.state_dict()
+
+
+class RewardScorer:
+    """Scores a group off the event loop (scorers may be slow or time-bounded in processes)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    async def __call__(self, item: PromptTask, responses: list[Response]) -> list[tuple[float, dict[str, float]]]:
+        rewards = await asyncio.to_thread(
+            self.manager.score_group,
+            [r.token_ids for r in responses],
+            item.data_source,
+            item.ground_truth,
+            item.extra_info,
+        )
+        return [(float(r.reward), dict(r.info)) for r in rewards]
+
+
+class QueueSink:
+    """The MessageQueue actor as the Rollouter's sink (a put waits while the queue is full)."""
+
+    def __init__(self, queue_handle: Any) -> None:
+        self.queue = queue_handle
+
+    async def put(self, sample) -> None:
+        await self.queue.put.remote(sample)
+
+    async def size(self) -> int:
+        return int(await self.queue.size.remote())
+
+
+def num_replicas(cfg: Any) -> int:
+    tp = int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size or 1)
+    devices = int(cfg.rollout.nnodes) * int(cfg.rollout.n_gpus_per_node)
+    return max(1, devices // tp)
+
+
+def required_samples(cfg: Any) -> int:
+    return int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * int(cfg.async_training.require_batches)
+
+
+def sampling_from(rollout_cfg: Any, eos_ids: Sequence[int], *, validation: bool = False) -> SamplingParams:
+    src = rollout_cfg.val_kwargs if validation else rollout_cfg
+    do_sample = bool(src.get("do_sample", True))
+    temperature = float(src.temperature) if do_sample else 0.0
+    return SamplingParams(
+        temperature=temperature,
+        top_p=float(src.top_p),
+        top_k=int(src.top_k),
+        max_tokens=int(rollout_cfg.response_length),
+        stop_token_ids=tuple(eos_ids),
+        ignore_eos=bool(rollout_cfg.get("ignore_eos", False)),
+        seed=int(rollout_cfg.get("seed", 0) or 0),
+    )
+
+
+class RolloutService:
+    def __init__(
+        self,
+        cfg: Any,
+        queue_handle: Any,
+        *,
+        model_path: str,
+        run_dir: str,
+        run_start: float,
+        engines: Optional[Sequence[InferenceEngine]] = None,
+    ) -> None:
+        from verl_async.rollout.replica import start_replicas
+
+        self.cfg = cfg
+        self.queue = queue_handle
+        rollout_cfg = cfg.actor_rollout_ref.rollout
+        model_cfg = cfg.actor_rollout_ref.model
+        self.tokenizer = load_tokenizer(model_path, trust_remote_code=bool(model_cfg.trust_remote_code))
+        self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "train")
+        self.val_dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "val") if cfg.data.val_files else None
+        epochs = int(cfg.rollout.total_epochs)
+        self.iterator = PromptIterator(self.dataset, shuffle=bool(cfg.data.shuffle), seed=int(cfg.data.seed), total_epochs=epochs)
+        self.source = DatasetPromptSource(self.iterator)
+        self.reward = build_reward_manager(
+            cfg.reward_model, cfg.custom_reward_function, self.tokenizer,
+            max_response_length=int(cfg.data.max_response_length),
+        )
+        if engines is None:
+            engines = start_replicas(
+                num_replicas(cfg), rollout_cfg, model_path, str(cfg.trainer.device),
+                trust_remote_code=bool(model_cfg.trust_remote_code),
+                override_config=dict(model_cfg.override_config or {}),
+            )
+        self.engines = list(engines)
+        eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        self.eos_ids = eos
+        required = required_samples(cfg)
+        trigger = int(cfg.async_training.trigger_parameter_sync_step)
+        threshold = float(cfg.async_training.staleness_threshold)
+        self.limit = max_required_samples(required, trigger, threshold)
+        n = int(rollout_cfg.n)
+        total = cfg.rollout.total_rollout_steps
+        max_seqs = int(rollout_cfg.max_num_seqs) * len(self.engines)
+        self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
+        self.rollouter = Rollouter(
+            engines=self.engines,
+            prompts=self.source,
+            scorer=RewardScorer(self.reward),
+            sink=QueueSink(queue_handle),
+            n=n,
+            sampling=sampling_from(rollout_cfg, eos),
+            budget=StalenessBudget(self.limit),
+            partial_rollout=bool(cfg.async_training.partial_rollout),
+            max_inflight_groups=max(1, max_seqs // n),
+            total_prompts=None if total in (None, -1) else int(total),
+            timeline=self.timeline,
+            lengths_log=os.path.join(run_dir, "rollout", "lengths.jsonl"),
+        )
+        self._run_started = time.monotonic()
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self) -> dict:
+        """Generate until the data ends; then close the queue so the trainer drains and stops."""
+        try:
+            counters = await self.rollouter.run()
+        finally:
+            await self.queue.close.remote()
+        return asdict(counters)
+
+    def stop(self) -> None:
+        self.rollouter.stop()
+
+    # ------------------------------------------------------------------ sync
+    async def pause_for_sync(self) -> None:
+        await self.rollouter.pause_for_sync()
+
+    async def load_buckets(self, refs: list, version: int) -> None:
+        """Weight buckets (ObjectRefs) to every replica; called once per bucket during a sync."""
+        await asyncio.gather(*(e.update_weights(list(refs), version) for e in self.engines))
+
+    async def resume_after_sync(self, version: int) -> None:
+        await self.rollouter.resume_after_sync(version)
+
+    # ------------------------------------------------------------------ metrics
+    def metrics(self) -> dict[str, float]:
+        c = self.rollouter.counters
+        wall = max(1e-9, time.monotonic() - self._run_started)
+        out = {f"rollout/{k}": float(v) for k, v in asdict(c).items()}
+        out["rollout/idle_ratio"] = max(0.0, 1.0 - c.busy_time_s / wall)
+        out["rollout/tokens_per_s"] = c.generated_tokens / wall
+        out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
+        out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)
+        out.update(self.reward.metrics())
+        stats = self.dataset.stats
+        out["data/bad_rows"] = float(stats.bad_rows)
+        out["data/filtered_overlong"] = float(stats.filtered_overlong)
+        return out
+
+    # ------------------------------------------------------------------ validation
+    async def validate(self, version: int) -> dict[str, float]:
+        """mean@k and pass@k of the scorer on data.val_files, with rollout.val_kwargs sampling."""
+        if self.val_dataset is None:
+            return {}
+        rollout_cfg = self.cfg.actor_rollout_ref.rollout
+        k = int(rollout_cfg.val_kwargs.n)
+        sampling = sampling_from(rollout_cfg, self.eos_ids, validation=True)
+        sem = asyncio.Semaphore(int(rollout_cfg.max_num_seqs) * len(self.engines))
+        t0 = self.timeline.now()
+
+        async def one(item, j: int):
+            async with sem:
+                engine = self.engines[(item.index * k + j) % len(self.engines)]
+                req = GenerateRequest(f"val-{version}-{item.index}-{j}", list(item.prompt_ids), sampling)
+                return await engine.generate(req)
+
+        items = list(self.val_dataset)
+        results = await asyncio.gather(*(one(item, j) for item in items for j in range(k)))
+        scores, accs, lengths = [], [], []
+        by_source: dict[str, list[float]] = collections.defaultdict(list)
+        for i, item in enumerate(items):
+            group = results[i * k : (i + 1) * k]
+            rewards = await asyncio.to_thread(
+                self.reward.score_group, [r.token_ids for r in group], item.data_source, item.ground_truth, item.extra_info
+            )
+            s = [float(r.info.get("score", r.reward)) for r in rewards]
+            a = [float(r.info.get("acc", float(r.reward > 0))) for r in rewards]
+            scores.append(s)
+            accs.append(a)
+            lengths += [len(r.token_ids) for r in group]
+            by_source[item.data_source].append(float(np.mean(a)))
+        self.timeline.record("rollout/validation", "validate", t0, self.timeline.now(), version)
+        out = {
+            f"val/mean@{k}/score": float(np.mean(scores)),
+            f"val/mean@{k}/acc": float(np.mean(accs)),
+            f"val/pass@{k}/acc": float(np.mean([max(a) for a in accs])),
+            "val/response_length/mean": float(np.mean(lengths)),
+        }
+        for source, values in by_source.items():
+            out[f"val/{source}/acc"] = float(np.mean(values))
+        return out
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict:
+        """Cursor + prompts taken but not queued yet (call while paused for a sync)."""
+        pending = [asdict(t) for t in self.rollouter.pending_items()]
+        return {"iterator": self.iterator.state_dict(), "pending": pending, "version": self.rollouter.version}
+
+    def load_state_dict(self, state: Mapping[str, Any], queued_uids: Iterable[str] = ()) -> int:
+        """Continue at the checkpointed cursor; redo pending prompts that are not already queued."""
+        self.iterator.load_state_dict(state["iterator"])
+        skip = set(queued_uids)
+        redo = [PromptTask(**p) for p in state.get("pending", []) if p["uid"] not in skip]
+        self.source.push_front(redo)
+        self.rollouter.version = int(state.get("version", 0))
+        return len(redo)

@@ -1,0 +1,383 @@
+"""The Trainer: groups from the queue in, policy updates out, weights back every k steps.
+
+Per step it takes `required_samples = ppo_mini_batch_size * require_batches` complete
+groups, builds the train batch, gets old log-probs (the rollout's in bypass mode, or
+recomputed), reference log-probs when a KL term is on, advantages, and runs the
+worker group's update. Every `trigger_parameter_sync_step` steps it pushes the weights
+(version += 1), validates every `test_freq` versions and checkpoints every `save_freq`
+versions while generation is paused, so that a checkpoint is a consistent cut of
+(trainer weights, dataset cursor, queued groups, in-flight prompts).
+
+A plain class: the recipe wraps it in a threaded Ray actor (so `progress()` and
+`stop()` answer while `run()` works); tests may drive it in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import ray
+import torch
+from tensordict import TensorDict
+
+from verl_async.algos import compute_advantages, compute_reinforce_plus_plus_advantage, kl_in_reward, kl_penalty
+from verl_async.algos.advantages import scores_to_token_rewards
+from verl_async.protocol import RolloutSample, collate_groups
+from verl_async.rollout.staleness import exceeds_max_staleness
+from verl_async.utils.timeline import Timeline
+from verl_async.utils.tracking import Tracker
+
+logger = logging.getLogger("verl_async.trainer")
+
+QUEUE_POLL_S = 2.0
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(np.mean(xs)) if len(xs) else 0.0
+
+
+def batch_metrics(groups: Sequence[RolloutSample], version: int, max_response_length: int) -> dict[str, float]:
+    """Reward, accuracy, length and staleness of the groups a step trains on."""
+    responses = [r for g in groups for r in g.responses]
+    rewards = [r.reward for r in responses]
+    lengths = [len(r) for r in responses]
+    stale = [version - g.min_version for g in groups]
+    out = {
+        "critic/score/mean": _mean(rewards),
+        "critic/score/max": float(max(rewards)) if rewards else 0.0,
+        "critic/score/min": float(min(rewards)) if rewards else 0.0,
+        "response_length/mean": _mean(lengths),
+        "response_length/max": float(max(lengths)) if lengths else 0.0,
+        "response_length/min": float(min(lengths)) if lengths else 0.0,
+        "response_length/clip_ratio": _mean([float(r.finish_reason == "length") for r in responses]),
+        "prompt_length/mean": _mean([len(g.prompt_ids) for g in groups]),
+        "fully_async/staleness/mean": _mean(stale),
+        "fully_async/staleness/max": float(max(stale)) if stale else 0.0,
+        "fully_async/partial_responses": float(sum(r.min_version != r.max_version for r in responses)),
+    }
+    accs = [r.reward_info["acc"] for r in responses if "acc" in r.reward_info]
+    if accs:
+        out["critic/acc/mean"] = _mean(accs)
+    return out
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: Any,
+        queue: Any,
+        rollouter: Any,
+        *,
+        run_dir: str,
+        run_start: float,
+        pad_token_id: int,
+        worker_group: Any = None,
+        group_source: Optional[Callable[[int], Optional[list[RolloutSample]]]] = None,
+    ) -> None:
+        self.cfg = cfg
+        self.queue = queue
+        self.rollouter = rollouter
+        self.run_dir = run_dir
+        self.pad_token_id = pad_token_id
+        self.wg = worker_group
+        self.group_source = group_source  # debug.load_rollout_data
+        actor = cfg.actor_rollout_ref.actor
+        self.required = int(actor.ppo_mini_batch_size) * int(cfg.async_training.require_batches)
+        self.trigger = int(cfg.async_training.trigger_parameter_sync_step)
+        self.n = int(cfg.actor_rollout_ref.rollout.n)
+        self.max_staleness = cfg.algorithm.get("max_staleness")
+        self.test_freq = int(cfg.trainer.test_freq or -1)
+        self.save_freq = int(cfg.trainer.save_freq or -1)
+        self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
+        self.tracker = Tracker(
+            cfg.trainer.logger, os.path.join(run_dir, "tensorboard"),
+            project=str(cfg.trainer.project_name), experiment=str(cfg.trainer.experiment_name),
+        )
+        self.version = 0
+        self.step = 0
+        self.dropped_stale = 0
+        self.trained_tokens = 0
+        self.wait_s = 0.0
+        self.started = time.monotonic()
+        self.last: dict[str, float] = {}
+        self.val_history: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._trained_log = os.path.join(run_dir, "trained_uids.jsonl")
+        self.sync = None
+        if worker_group is not None and rollouter is not None:
+            from verl_async.sync import build_sync
+
+            self.sync = build_sync(
+                str(cfg.async_training.sync_transport), worker_group, rollouter,
+                bucket_bytes=int(cfg.async_training.sync_bucket_size_mb) << 20,
+            )
+
+    # ------------------------------------------------------------------ resume
+    def find_checkpoint(self) -> Optional[str]:
+        from verl_async.trainer.checkpoint import find_latest_checkpoint
+
+        mode = str(self.cfg.trainer.resume_mode)
+        if mode == "disable":
+            return None
+        if mode == "resume_path":
+            return str(self.cfg.trainer.resume_from_path)
+        if mode != "auto":  # a path given directly
+            return mode
+        return find_latest_checkpoint(str(self.cfg.trainer.default_local_dir))
+
+    def restore(self) -> int:
+        """Load the latest (or given) checkpoint: weights, queue, cursor; returns the version to push."""
+        path = self.find_checkpoint() if self.wg is not None else None
+        if not path:
+            open(self._trained_log, "w").close()
+            return 0
+        extra = self.wg.load(path)
+        self.version, self.step = int(extra["version"]), int(extra["step"])
+        queued = extra.get("queue", [])
+        ray.get(self.queue.restore.remote(queued), timeout=120)
+        redo = ray.get(
+            self.rollouter.load_state_dict.remote(extra["rollouter"], [g["uid"] for g in queued]), timeout=120
+        )
+        self._truncate_trained_log(self.step)
+        logger.info("resumed from %s: version %d, step %d, %d queued groups, %d prompts to regenerate",
+                    path, self.version, self.step, len(queued), redo)
+        return self.version
+
+    def _truncate_trained_log(self, step: int) -> None:
+        if not os.path.exists(self._trained_log):
+            return
+        with open(self._trained_log) as f:
+            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        with open(self._trained_log, "w") as f:
+            f.writelines(keep)
+
+    # ------------------------------------------------------------------ the loop
+    def progress(self) -> dict[str, float]:
+        return {"step": self.step, "version": self.version, **self.last}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def push_weights(self, with_hooks: bool = True) -> dict[str, float]:
+        """Sync weights at the current version; validation/checkpoint happen while generation is paused."""
+        if self.sync is None:
+            if self.rollouter is not None:  # rollout-only: no weights, just reopen the budget
+                ray.get(self.rollouter.resume_after_sync.remote(self.version), timeout=120)
+            return {}
+        with self.timeline.span("sync", "sync", self.version):
+            return self.sync.push(self.version, self._while_paused if with_hooks else None)
+
+    def _while_paused(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.test_freq > 0 and self.version % self.test_freq == 0 and self.version > 0:
+            out.update(self.validate())
+        if self.save_freq > 0 and self.version % self.save_freq == 0 and self.version > 0:
+            out["timing_s/save_checkpoint"] = self.save_checkpoint()
+        return out
+
+    def validate(self) -> dict[str, float]:
+        if self.rollouter is None:
+            return {}
+        metrics = ray.get(self.rollouter.validate.remote(self.version), timeout=3600)
+        if metrics:
+            self.val_history.append({"version": self.version, **metrics})
+            self.tracker.log(metrics, step=self.version)
+        return metrics
+
+    def save_checkpoint(self) -> float:
+        t0 = time.perf_counter()
+        extra = {
+            "version": self.version,
+            "step": self.step,
+            "queue": ray.get(self.queue.snapshot.remote(), timeout=120),
+            "rollouter": ray.get(self.rollouter.state_dict.remote(), timeout=120),
+        }
+        self.wg.save_checkpoint(str(self.cfg.trainer.default_local_dir), extra, step=self.version)
+        return time.perf_counter() - t0
+
+    def _next_groups(self) -> list[RolloutSample]:
+        """Block for `required` groups; [] when the rollouter is done and the queue drained."""
+        if self.group_source is not None:
+            return self.group_source(self.step) or []
+        t0 = time.monotonic()
+        start = self.timeline.now()
+        try:
+            while not self._stop.is_set():
+                try:
+                    return ray.get(self.queue.get_batch.remote(self.required, QUEUE_POLL_S), timeout=QUEUE_POLL_S + 60)
+                except ray.exceptions.RayTaskError as exc:
+                    if isinstance(exc.cause, TimeoutError) or "TimeoutError" in str(exc):
+                        continue
+                    raise
+            return []
+        finally:
+            self.wait_s += time.monotonic() - t0
+            self.timeline.record("trainer/driver", "wait", start, self.timeline.now(), self.version)
+
+    def run(self) -> dict[str, Any]:
+        """Train until the rollouter is done; returns a summary."""
+        while not self._stop.is_set():
+            groups = self._next_groups()
+            if not groups:
+                break
+            groups = self._drop_too_stale(groups)
+            if not groups:
+                continue
+            metrics = self.train_step(groups)
+            self.step += 1
+            if self.step % self.trigger == 0:
+                self.version += 1
+                metrics.update(self.push_weights())
+            metrics.update(self._pipeline_metrics())
+            self.last = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            self.tracker.log(metrics, step=self.version)
+        self.tracker.close()
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        wall = time.monotonic() - self.started
+        return {
+            "steps": self.step,
+            "version": self.version,
+            "trained_tokens": self.trained_tokens,
+            "wall_s": wall,
+            "trainer_idle_ratio": self.wait_s / max(wall, 1e-9),
+            "dropped_stale_groups": self.dropped_stale,
+            "validation": self.val_history,
+        }
+
+    def _drop_too_stale(self, groups: list[RolloutSample]) -> list[RolloutSample]:
+        keep = [g for g in groups if not exceeds_max_staleness(self.version, g.min_version, self.max_staleness)]
+        if len(keep) != len(groups):
+            self.dropped_stale += len(groups) - len(keep)
+            logger.warning("dropped %d groups older than algorithm.max_staleness=%s", len(groups) - len(keep), self.max_staleness)
+        return keep
+
+    def _pipeline_metrics(self) -> dict[str, float]:
+        wall = max(time.monotonic() - self.started, 1e-9)
+        out = {
+            "fully_async/param_version": float(self.version),
+            "fully_async/trainer_idle_ratio": self.wait_s / wall,
+            "fully_async/dropped_stale_groups": float(self.dropped_stale),
+            "perf/trained_tokens_per_s": self.trained_tokens / wall,
+        }
+        if self.queue is not None:
+            stats = ray.get(self.queue.stats.remote(), timeout=60)
+            out["fully_async/queue_size"] = float(stats.size)
+            out["fully_async/queue_produced"] = float(stats.produced)
+        if self.rollouter is not None:
+            out.update(ray.get(self.rollouter.metrics.remote(), timeout=60))
+        return out
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, groups: list[RolloutSample]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        step_start = self.timeline.now()
+        for g in groups:
+            g.validate(self.n)
+        batch = collate_groups(groups, self.pad_token_id)
+        metrics = batch_metrics(groups, self.version, int(self.cfg.data.max_response_length))
+        self._save_rollout_data(groups)
+        with open(self._trained_log, "a") as f:
+            f.write(json.dumps({"step": self.step, "version": self.version, "uids": [g.uid for g in groups]}) + "\n")
+        if self.wg is None:  # rollout-only
+            return metrics
+        metrics.update(self.prepare_batch(batch))
+        t1 = time.perf_counter()
+        metrics.update(self.wg.update(batch))
+        t2 = time.perf_counter()
+        self._save_train_output(batch, metrics)
+        mask_tokens = int(batch["attention_mask"].sum())
+        self.trained_tokens += mask_tokens
+        metrics["timing_s/prepare"] = t1 - t0
+        metrics["timing_s/update_actor"] = t2 - t1
+        metrics["timing_s/step"] = time.perf_counter() - t0
+        metrics["perf/step_tokens_per_s"] = mask_tokens / max(t2 - t0, 1e-9)
+        self.timeline.record("trainer/driver", "train", step_start, self.timeline.now(), self.version, tokens=mask_tokens)
+        return metrics
+
+    def prepare_batch(self, batch: TensorDict) -> dict[str, float]:
+        """old / ref log-probs, (KL-shaped) rewards and advantages, added to the batch in place."""
+        cfg, actor = self.cfg, self.cfg.actor_rollout_ref.actor
+        algo = cfg.algorithm
+        mask = batch["response_mask"]
+        metrics: dict[str, float] = {}
+        recompute = not bool(cfg.async_training.use_rollout_log_probs) or bool(cfg.async_training.compute_prox_log_prob)
+        if recompute:
+            with self.timeline.span("trainer/driver", "logprob", self.version):
+                old = self.wg.compute_log_prob(batch)
+            old = old[0] if isinstance(old, tuple) else old
+            diff = (old - batch["rollout_log_probs"]).abs()
+            denom = mask.sum().clamp(min=1)
+            metrics["mismatch/train_rollout_logprob_abs_diff"] = float((diff * mask).sum() / denom)
+            r = batch["rollout_log_probs"] - old
+            metrics["mismatch/k3_kl"] = float(((torch.exp(r) - r - 1) * mask).sum() / denom)
+        else:
+            old = batch["rollout_log_probs"].clone()
+        batch["old_log_probs"] = old
+        use_ref = bool(actor.use_kl_loss) or bool(algo.use_kl_in_reward)
+        if use_ref:
+            ref = self.wg.compute_ref_log_prob(batch)
+            batch["ref_log_prob"] = ref
+            kl = kl_penalty(old, ref, "kl") * mask
+            metrics["actor/ref_kl_of_old"] = float(kl.sum() / mask.sum().clamp(min=1))
+        scores = batch["scores"]
+        if bool(algo.use_kl_in_reward):
+            token_rewards, mean_kl = kl_in_reward(
+                scores_to_token_rewards(scores, mask), old, batch["ref_log_prob"], mask,
+                kl_coef=float(algo.kl_ctrl.kl_coef), kind=str(algo.kl_penalty),
+            )
+            metrics["critic/kl_in_reward"] = mean_kl
+            if str(algo.adv_estimator) == "reinforce_plus_plus":
+                adv = compute_reinforce_plus_plus_advantage(token_rewards, mask, gamma=float(algo.gamma))
+                batch["advantages"] = adv
+                return metrics
+            scores = token_rewards.sum(-1)
+        batch["advantages"] = compute_advantages(
+            str(algo.adv_estimator), scores, batch["group_index"], mask,
+            norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo), gamma=float(algo.gamma),
+        )
+        valid = mask.bool()
+        metrics["critic/advantages/mean"] = float(batch["advantages"][valid].mean()) if valid.any() else 0.0
+        metrics["critic/advantages/max"] = float(batch["advantages"][valid].max()) if valid.any() else 0.0
+        return metrics
+
+    # ------------------------------------------------------------------ debug dumps
+    def _save_rollout_data(self, groups: list[RolloutSample]) -> None:
+        pattern = self.cfg.debug.get("save_rollout_data")
+        if pattern:
+            path = str(pattern).format(rollout_id=self.step)
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            torch.save([g.to_dict() for g in groups], path)
+
+    def _save_train_output(self, batch: TensorDict, metrics: dict[str, float]) -> None:
+        pattern = self.cfg.debug.get("save_train_output")
+        if not pattern:
+            return
+        path = str(pattern).format(rollout_id=self.step, rank=0)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        keys = ["responses", "response_mask", "rollout_log_probs", "old_log_probs", "advantages", "token_versions"]
+        tensors = {k: batch[k].clone() for k in keys if k in batch.keys()}
+        if "ref_log_prob" in batch.keys():
+            tensors["ref_log_prob"] = batch["ref_log_prob"].clone()
+        tensors["importance_ratio_old_over_rollout"] = torch.exp(batch["old_log_probs"] - batch["rollout_log_probs"]) * batch["response_mask"]
+        torch.save({"step": self.step, "version": self.version, "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, "tensors": tensors}, path)
+
+
+def load_rollout_groups(pattern: str) -> Callable[[int], Optional[list[RolloutSample]]]:
+    """debug.load_rollout_data: step k trains on the groups saved as pattern.format(rollout_id=k)."""
+
+    def source(step: int) -> Optional[list[RolloutSample]]:
+        path = pattern.format(rollout_id=step)
+        if not os.path.exists(path):
+            return None
+        return [RolloutSample.from_dict(d) for d in torch.load(path, weights_only=False)]
+
+    return source
