@@ -262,6 +262,9 @@ class FSDPWorker:
         if s.optimizer_offload and not s.offload_policy and s.device != "cpu":
             self._move_optimizer(self.device.torch_device)
         self.model.train()
+        accel = device_layer.accelerator_module(s.device)
+        if accel is not None:
+            accel.reset_peak_memory_stats()
         lr = float(self.optimizer.param_groups[0]["lr"])
         want_entropy = True  # entropy is cheap in the chunked kernel; its gradient only flows when entropy_coeff != 0
         sums = {k: 0.0 for k in _METRIC_KEYS}
@@ -330,6 +333,7 @@ class FSDPWorker:
             "actor/global_step": float(self.global_step),
             "perf/train_tokens_rank": float(tokens),
             "perf/train_time_s": time.perf_counter() - t0,
+            "perf/max_memory_allocated_gb": device_layer.peak_memory_bytes(s.device) / 2**30,
         })
         if s.use_kl_loss:
             metrics["actor/kl_coef"] = s.kl_loss_coef
@@ -338,12 +342,23 @@ class FSDPWorker:
         return metrics
 
     def _clip_grad_norm(self) -> float:
+        """Global grad norm over the sharded (DTensor) grads; clip when finite.
+
+        The norm is reduced on the accelerator even when FSDP keeps grads on the host
+        (offload_policy): NCCL/HCCL cannot reduce CPU tensors (verl's fsdp2_clip_grad_norm_).
+        """
         params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.settings.grad_clip if self.settings.grad_clip is not None else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        return float(norm)
+        if not params:
+            return 0.0
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+        if self.settings.device != "cpu":
+            total = total.to(self.device.torch_device)
+        if hasattr(total, "full_tensor"):
+            total = total.full_tensor()
+        norm = float(total)
+        if self.settings.grad_clip is not None and np.isfinite(norm):
+            torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, total)
+        return norm
 
     # ------------------------------------------------------------------ weight sync / export
     def iter_full_params(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:

@@ -150,7 +150,7 @@ class TrainerSettings:
         "ppo_mini_batch_size", "ppo_epochs", "shuffle", "grad_clip", "clip_ratio_low", "clip_ratio_high",
         "clip_ratio_c", "entropy_coeff", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "use_remove_padding",
         "temperature", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
-        "log_prob_max_token_len_per_gpu",
+        "log_prob_max_token_len_per_gpu", "rollout_correction",
     )
 
     @property
@@ -278,7 +278,11 @@ class TrainerSettings:
         unknown = set(overrides) - set(self.RUNTIME_KEYS)
         if unknown:
             raise ValueError(f"cannot change {sorted(unknown)} after init; runtime keys: {list(self.RUNTIME_KEYS)}")
-        updated = dataclasses.replace(self, **dict(overrides))
+        overrides = dict(overrides)
+        rc = overrides.get("rollout_correction")
+        if isinstance(rc, Mapping):  # partial update of the nested section
+            overrides["rollout_correction"] = dataclasses.replace(self.rollout_correction, **dict(rc))
+        updated = dataclasses.replace(self, **overrides)
         if updated.use_kl_loss and not self.need_ref:
             raise ValueError("actor_rollout_ref.actor.use_kl_loss=true needs the reference model, which was not "
                              "built at init (use_kl_loss and algorithm.use_kl_in_reward were both false)")

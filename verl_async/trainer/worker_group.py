@@ -282,6 +282,7 @@ class FSDPWorkerGroup:
         metrics.update(outs[0])
         metrics["perf/train_tokens"] = float(sum(o["perf/train_tokens_rank"] for o in outs))
         metrics.pop("perf/train_tokens_rank", None)
+        metrics["perf/max_memory_allocated_gb"] = max(o["perf/max_memory_allocated_gb"] for o in outs)
         self.global_step = int(outs[0]["actor/global_step"])
         return metrics
 
