@@ -234,3 +234,39 @@ def test_checkpoint_rotation_and_latest(tmp_path):
     assert [os.path.basename(r) for r in removed] == ["global_step_1"]
     assert [s for s, _ in ckpt.list_checkpoints(root)] == [2, 3]
     assert ckpt.rotate_checkpoints(root, None) == []
+
+
+@pytest.mark.parametrize("signature", ["is_causal", "window", "window_gqa"])
+def test_torch_varlen_kernel_plumbing_across_signatures(monkeypatch, signature):
+    """The CUDA varlen call (shapes, causality, GQA, scale) against the exact loop, with a CPU stand-in kernel
+    that has each torch version's signature (2.9/2.10: is_causal; later: window_size, then enable_gqa)."""
+    import torch.nn.functional as F
+
+    from verl_async.trainer import attention
+
+    calls = []
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=None, window_size=None, enable_gqa=None, scale=None):
+        calls.append(dict(is_causal=is_causal, window_size=window_size, enable_gqa=enable_gqa, scale=scale))
+        assert is_causal is True or tuple(window_size) == (-1, 0)
+        assert cu_q.dtype == torch.int32 and max_q == int((cu_q[1:] - cu_q[:-1]).max())
+        if k.shape[1] != q.shape[1]:
+            assert enable_gqa
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        out = [F.scaled_dot_product_attention(q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
+                                              is_causal=True, scale=scale).transpose(0, 1)
+               for s, e in zip(cu_q[:-1].tolist(), cu_q[1:].tolist())]
+        return torch.cat(out)
+
+    params = {"is_causal": {"is_causal"}, "window": {"window_size", "scale"},
+              "window_gqa": {"window_size", "scale", "enable_gqa"}}[signature]
+    monkeypatch.setattr(attention, "_torch_varlen", lambda: (kernel, frozenset(params)))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 11, 8, generator=gen) for h in (4, 2, 2))
+    cu = torch.tensor([0, 3, 4, 11])
+    got = attention._causal_varlen_cuda(q, k, v, cu, 7, 8 ** -0.5)
+    want = attention._causal_sdpa_loop(q, k, v, cu, 8 ** -0.5)
+    assert got.shape == want.shape == (1, 11, 4, 8)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert calls and (calls[0]["enable_gqa"] is True) == (signature == "window_gqa")

@@ -11,8 +11,10 @@ from attending to each other:
   causal mask. Correct everywhere, but the mask is dense [N, N] and sdpa can then
   not use its flash kernel, so attention costs O(N^2) per packed row.
 * `varlen` (ours, registered below): on CUDA, torch's own flash-attention varlen
-  kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.9) with the same
-  `cu_seqlens`; elsewhere (CPU, NPU, older torch) a per-sequence causal sdpa loop.
+  kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.9; its signature moved
+  from `is_causal` to `window_size` and gained `scale`/`enable_gqa` later, all handled)
+  with the same `cu_seqlens`; elsewhere (CPU, NPU, older torch) a per-sequence causal
+  sdpa loop.
   Padded inputs (a 2D attention mask) go through transformers' sdpa path unchanged.
 
 `resolve_attn_implementation` picks one for `actor_rollout_ref.model.attn_implementation`.
@@ -80,8 +82,10 @@ def _causal_varlen_cuda(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     q = query[0].transpose(0, 1)  # [N, H, D]
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
-    kwargs: dict = {"scale": scaling}
-    if "is_causal" in params:
+    kwargs: dict = {}
+    if "scale" in params:
+        kwargs["scale"] = scaling
+    if "is_causal" in params:  # torch 2.9/2.10; later versions express causality as a window
         kwargs["is_causal"] = True
     else:
         kwargs["window_size"] = (-1, 0)  # flash-attention's causal window
@@ -108,7 +112,10 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
     if query.shape[0] != 1:
         raise ValueError(f"varlen attention expects one packed row, got batch {query.shape[0]}")
     max_len = kwargs.get("max_length_q")
-    use_kernel = (query.is_cuda and _torch_varlen() is not None and query.dtype in (torch.bfloat16, torch.float16))
+    kernel = _torch_varlen()
+    default_scale = scaling is None or abs(scaling - query.shape[-1] ** -0.5) < 1e-9
+    use_kernel = (query.is_cuda and kernel is not None and query.dtype in (torch.bfloat16, torch.float16)
+                  and (default_scale or "scale" in kernel[1]))
     if use_kernel:
         out = _causal_varlen_cuda(query, key, value, cu_seqlens, int(max_len), scaling)
     else:

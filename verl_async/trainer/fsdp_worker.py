@@ -369,8 +369,13 @@ class FSDPWorker:
         """
         self._load_if_offloaded()
         try:
+            device = self.device.torch_device
             for name, param in self.model.named_parameters():
-                full = param.full_tensor() if hasattr(param, "full_tensor") else param.data
+                if hasattr(param, "full_tensor"):
+                    # host-offloaded shards (offload_policy) must visit the device: NCCL/HCCL gather device memory
+                    full = (param if param.device == device else param.to(device)).full_tensor()
+                else:
+                    full = param.data
                 if self.rank == 0:
                     yield name, full.detach().to(dtype or full.dtype).cpu()
                 del full
