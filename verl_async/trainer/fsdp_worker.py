@@ -20,6 +20,7 @@ slime found that drifts (KL != 0 on the first step).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import socket
@@ -40,6 +41,8 @@ from verl_async.trainer.loss import LossConfig, actor_loss
 from verl_async.trainer.lr_schedule import build_lr_scheduler
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.utils import device as device_layer
+
+logger = logging.getLogger(__name__)
 
 _METRIC_KEYS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
                 "actor/kl_loss", "actor/loss")
@@ -307,6 +310,10 @@ class FSDPWorker:
             if bad_any or not np.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
                 skipped += 1
+                if self.rank == 0:
+                    logger.warning("step %d: non-finite loss or grad norm (%s, grad_norm=%s): optimizer step "
+                                   "skipped (%d skipped so far)", self.global_step, errors[-1] if errors else
+                                   "loss overflow", grad_norm, self.skipped_steps + skipped)
             else:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)

@@ -7,6 +7,7 @@
     metrics = group.update(batch)                  # one training step (all mini-batches / epochs)
     for bucket_ref in group.weight_bucket_refs(bucket_bytes): ...   # weight sync, see below
     group.save(path, extra={...}); extra = group.load(path); group.export_hf(path)
+    group.save_checkpoint(root, extra)             # root/global_step_N/actor + latest marker + rotation
 
 Batches are TensorDicts from `verl_async.protocol.collate_groups` (one row per response)
 plus the keys the call needs (all [B, T] float unless noted):
@@ -54,6 +55,7 @@ from verl_async.trainer.batching import (
     plan_update,
     sequence_lengths,
 )
+from verl_async.trainer.checkpoint import checkpoint_dir, mark_latest, rotate_checkpoints
 from verl_async.trainer.fsdp_worker import FSDPWorker
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.utils import device as device_layer
@@ -307,19 +309,34 @@ class FSDPWorkerGroup:
                 except StopIteration:
                     break
         finally:
-            for rank, gen in enumerate(gens[1:], start=1):  # they yield nothing; wait for their gathers to end
-                for ref in gen:
-                    self._wait([ref], f"weight_buckets (rank {rank})")
+            # A consumer that stopped early leaves rank 0 paused mid-model and the others blocked in its
+            # gathers: drain rank 0, then wait for the other ranks (they yield nothing).
+            if not self._broken:
+                for rank, gen in enumerate(gens):
+                    for ref in gen:
+                        self._wait([ref], f"weight_buckets (rank {rank})")
 
     def iter_weights(self, bucket_bytes: int = 256 << 20, dtype: Optional[str] = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full CPU tensor) pairs, one bucket in memory at a time."""
         for ref in self.weight_bucket_refs(bucket_bytes, dtype):
             yield from self._wait([ref], "weight bucket")[0]
 
+    def state_dict_for_sync(self, bucket_bytes: int = 256 << 20, dtype: Optional[str] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Issue 5's name for `iter_weights` (what `InferenceEngine.update_weights` consumes)."""
+        return self.iter_weights(bucket_bytes, dtype)
+
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str, extra: Optional[dict] = None) -> str:
         """Checkpoint to `path` (a folder on storage every rank sees); `extra` comes back from load()."""
         self._call("save", path, extra)
+        return path
+
+    def save_checkpoint(self, root: str, extra: Optional[dict] = None, step: Optional[int] = None) -> str:
+        """verl layout: `root/global_step_{N}/actor`, then the latest marker and `max_actor_ckpt_to_keep` rotation."""
+        step = self.global_step if step is None else int(step)
+        path = self.save(checkpoint_dir(root, step), extra)
+        mark_latest(root, step)
+        rotate_checkpoints(root, self.settings.max_ckpt_to_keep)
         return path
 
     def load(self, path: str) -> dict:
