@@ -167,7 +167,8 @@ def test_micro_batch_shares_add_up_to_the_full_batch_loss_and_gradient(mode):
                      entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl")
     mask = batch["response_mask"]
     width = mask.shape[1]
-    norm = dict(global_tokens=float(mask.sum()), global_seqs=float((mask.sum(-1) > 0).sum()), width=width)
+    norm = dict(global_tokens=float(mask.sum()), global_seqs=float((mask.sum(-1) > 0).sum()),
+                loss_scale_factor=width + 3)
     keys = ["loss_mask", "old_log_probs", "advantages", "ref_log_prob"]
     full_loss, full_m = actor_loss(logp, ent, gather_rows(batch, range(8), keys), cfg, **norm)
     g_full = torch.autograd.grad(full_loss, [logp, ent])

@@ -260,7 +260,7 @@ class FSDPWorker:
         """
         s = self.settings
         cfg = self._loss_config()
-        width = batch["responses"].shape[1]
+        horizon = max(s.response_length or 0, batch["responses"].shape[1])
         self._load_if_offloaded()
         if s.optimizer_offload and not s.offload_policy and s.device != "cpu":
             self._move_optimizer(self.device.torch_device)
@@ -269,7 +269,9 @@ class FSDPWorker:
         if accel is not None:
             accel.reset_peak_memory_stats()
         lr = float(self.optimizer.param_groups[0]["lr"])
-        want_entropy = True  # entropy is cheap in the chunked kernel; its gradient only flows when entropy_coeff != 0
+        # Like verl: entropy only when it is in the loss (it costs extra passes over [tokens, vocab]); for
+        # logging, compute_log_prob(calculate_entropy=True) gives it at no extra forward.
+        want_entropy = s.entropy_coeff != 0
         sums = {k: 0.0 for k in _METRIC_KEYS}
         grad_norms: list[float] = []
         skipped = 0
@@ -294,7 +296,7 @@ class FSDPWorker:
                     else:
                         try:
                             micro_loss, m = actor_loss(logp, ent, data, cfg, global_tokens=plan.num_tokens,
-                                                       global_seqs=plan.num_seqs, width=width)
+                                                       global_seqs=plan.num_seqs, loss_scale_factor=horizon)
                             loss = loss + micro_loss
                             for k, v in m.items():
                                 local[k] += v
@@ -330,6 +332,8 @@ class FSDPWorker:
         metrics: dict[str, Any] = {k: v / n for k, v in sums.items()}
         if not s.use_kl_loss:
             metrics.pop("actor/kl_loss")
+        if not want_entropy:
+            metrics.pop("actor/entropy")
         finite_norms = [g for g in grad_norms if np.isfinite(g)]
         metrics.update({
             "actor/grad_norm": float(np.mean(finite_norms)) if finite_norms else float("nan"),

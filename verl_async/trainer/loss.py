@@ -5,7 +5,8 @@
 (verl's dp_actor terms; `w` the rollout-correction weights when enabled, `agg` the
 `loss_agg_mode` aggregation). Every `agg` is taken with the MINI-BATCH's
 denominators (valid tokens / non-empty sequences over all micro-batches and all DP
-ranks, and the batch width T for `seq-mean-token-sum-norm`), so the micro-batch
+ranks; `seq-mean-token-sum-norm` divides by a constant horizon, verl's padded response
+length `rollout.response_length`), so the micro-batch
 losses add up to the mini-batch loss and their gradients to its gradient, whatever
 the split (see verl_async.algos.losses). Metrics come back as shares too: summing
 them over micro-batches and ranks gives the mini-batch value.
@@ -35,14 +36,14 @@ class LossConfig:
 
 def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], data: Mapping[str, torch.Tensor],
                cfg: LossConfig, *, global_tokens: float, global_seqs: float,
-               width: int) -> tuple[torch.Tensor, dict[str, float]]:
+               loss_scale_factor: int) -> tuple[torch.Tensor, dict[str, float]]:
     """Micro-batch share of the loss and metric shares.
 
     `data` holds [b, T] tensors: `loss_mask`, `old_log_probs`, `advantages`, optional
     `is_weights` (rollout correction) and `ref_log_prob` (when `use_kl_loss`).
     """
     mask = data["loss_mask"]
-    norm = dict(global_tokens=global_tokens, global_seqs=global_seqs, loss_scale_factor=width)
+    norm = dict(global_tokens=global_tokens, global_seqs=global_seqs, loss_scale_factor=loss_scale_factor)
     pg_loss, pg_metrics = ppo_policy_loss(
         logp, data["old_log_probs"], data["advantages"], mask,
         clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,

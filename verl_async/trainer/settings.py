@@ -131,6 +131,7 @@ class TrainerSettings:
     need_ref: bool
     rollout_correction: RolloutCorrectionSettings
     optim: OptimSettings
+    response_length: Optional[int]  # seq-mean-token-sum-norm divides by it (verl pads responses to it)
     # log-prob recompute (actor: rollout.log_prob_*, reference: ref.log_prob_*)
     temperature: float
     log_prob_micro_batch_size_per_gpu: int
@@ -238,6 +239,7 @@ class TrainerSettings:
             need_ref=use_kl_loss or bool(g("algorithm.use_kl_in_reward", False)),
             rollout_correction=RolloutCorrectionSettings(**{k: v for k, v in dict(rc).items()}),
             optim=optim,
+            response_length=(int(g(f"{r}.response_length")) if g(f"{r}.response_length", None) else None),
             temperature=float(g(f"{r}.temperature", 1.0)),
             log_prob_micro_batch_size_per_gpu=_positive(
                 f"{r}.log_prob_micro_batch_size_per_gpu", g(f"{r}.log_prob_micro_batch_size_per_gpu", 8)),

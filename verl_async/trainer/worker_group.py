@@ -18,6 +18,14 @@ plus the keys the call needs (all [B, T] float unless noted):
   group of each row); `ref_log_prob` when `actor.use_kl_loss`; `rollout_log_probs` when
   `actor.rollout_correction.enable` (its mismatch metrics are reported whenever present).
 
+`update` metrics: actor/{pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, loss, grad_norm, lr,
+kl_loss (use_kl_loss), entropy (entropy_coeff != 0; else take it from
+compute_log_prob(calculate_entropy=True)), skipped_steps, total_skipped_steps,
+optimizer_steps, global_step}, mismatch/* (rollout correction metrics, whenever
+`rollout_log_probs` is in the batch), perf/{train_tokens, train_time_s,
+max_memory_allocated_gb}. Loss-type values are exact mini-batch values (averaged over
+the step's mini-batches), not micro-batch averages.
+
 The driver (this object) does all the planning: the DP split balanced by tokens, the
 micro-batches, the mini-batches of whole groups and their loss normalisers, the
 rollout-correction weights (batch-wide, so `batch_normalize` is exact). Workers get the
