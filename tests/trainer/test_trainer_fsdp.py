@@ -255,6 +255,16 @@ def test_weight_buckets_are_bounded(groups):
     assert len(list(g.iter_weights(limit))) == len(names)
 
 
+def test_missing_resources_fail_at_once(ray_session, tiny_model_dir):
+    too_many = FSDPWorkerGroup(compose_config(tiny_model_dir, "trainer.n_gpus_per_node=64"))
+    with pytest.raises(WorkerGroupError, match=r"needs 12.8 CPU"):
+        too_many.init()
+    if not torch.cuda.is_available():
+        gpu = FSDPWorkerGroup(compose_config(tiny_model_dir, "trainer.device=cuda"))
+        with pytest.raises(WorkerGroupError, match="needs 1 GPU but the Ray cluster has 0"):
+            gpu.init()
+
+
 def test_dead_worker_raises_clear_error(groups, batch):
     """Last: it breaks the 1-rank group on purpose."""
     import ray

@@ -35,6 +35,11 @@ def _get(cfg: Mapping[str, Any], path: str, default: Any = dataclasses.MISSING) 
     return node
 
 
+def _first(*values: Any) -> Any:
+    """The first value that is not None (0 is a value)."""
+    return next((v for v in values if v is not None), None)
+
+
 def _positive(path: str, value: Any, *, allow_zero: bool = False) -> int:
     if value is None or isinstance(value, bool) or int(value) != value or value < (0 if allow_zero else 1):
         raise ValueError(f"{path} must be a {'non-negative' if allow_zero else 'positive'} integer, got {value!r}")
@@ -228,8 +233,8 @@ class TrainerSettings:
             ppo_epochs=_positive(f"{a}.ppo_epochs", g(f"{a}.ppo_epochs", 1)),
             shuffle=bool(g(f"{a}.shuffle", False)),
             grad_clip=None if grad_clip is None or float(grad_clip) <= 0 else float(grad_clip),
-            clip_ratio_low=float(g(f"{a}.clip_ratio_low", None) or g(f"{a}.clip_ratio", 0.2)),
-            clip_ratio_high=float(g(f"{a}.clip_ratio_high", None) or g(f"{a}.clip_ratio", 0.2)),
+            clip_ratio_low=float(_first(g(f"{a}.clip_ratio_low", None), g(f"{a}.clip_ratio", 0.2))),
+            clip_ratio_high=float(_first(g(f"{a}.clip_ratio_high", None), g(f"{a}.clip_ratio", 0.2))),
             clip_ratio_c=float(g(f"{a}.clip_ratio_c", 3.0)),
             loss_agg_mode=_choice(f"{a}.loss_agg_mode", g(f"{a}.loss_agg_mode", "token-mean"), LOSS_AGG_MODES),
             entropy_coeff=float(g(f"{a}.entropy_coeff", 0.0)),

@@ -113,6 +113,14 @@ class FSDPWorkerGroup:
         bundle: dict[str, float] = {"CPU": cpus}
         if kind != "cpu":
             bundle[device_layer.ray_resource_name(kind)] = 1
+        total = ray.cluster_resources()
+        for resource, amount in bundle.items():
+            if total.get(resource, 0) < amount * self.world_size:
+                raise WorkerGroupError(
+                    f"{self.name}: trainer.device={kind} with trainer.nnodes={s.nnodes} x trainer.n_gpus_per_node="
+                    f"{s.n_gpus_per_node} needs {amount * self.world_size:g} {resource} but the Ray cluster has "
+                    f"{total.get(resource, 0):g}"
+                )
         self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
         try:
             ray.get(self._pg.ready(), timeout=s.worker_timeout_s)
