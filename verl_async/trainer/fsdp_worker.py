@@ -272,7 +272,7 @@ class FSDPWorker:
         # Like verl: entropy only when it is in the loss (it costs extra passes over [tokens, vocab]); for
         # logging, compute_log_prob(calculate_entropy=True) gives it at no extra forward.
         want_entropy = s.entropy_coeff != 0
-        sums = {k: 0.0 for k in _METRIC_KEYS}
+        values: dict[str, list[float]] = {k: [] for k in _METRIC_KEYS}
         grad_norms: list[float] = []
         skipped = 0
         errors: list[str] = []
@@ -321,15 +321,15 @@ class FSDPWorker:
                 self.optimizer.zero_grad(set_to_none=True)
             grad_norms.append(grad_norm)
             for k in _METRIC_KEYS:
-                sums[k] += step_metrics[k]
+                if np.isfinite(step_metrics[k]):  # a skipped (overflowed) step would turn the mean into inf
+                    values[k].append(step_metrics[k])
         self.lr_scheduler.step()
         self.global_step += 1
         self.skipped_steps += skipped
         if s.optimizer_offload and not s.offload_policy and s.device != "cpu":
             self._move_optimizer("cpu")
         self._offload_if_asked()
-        n = max(len(plans), 1)
-        metrics: dict[str, Any] = {k: v / n for k, v in sums.items()}
+        metrics: dict[str, Any] = {k: float(np.mean(v)) if v else float("nan") for k, v in values.items()}
         if not s.use_kl_loss:
             metrics.pop("actor/kl_loss")
         if not want_entropy:
@@ -342,7 +342,7 @@ class FSDPWorker:
             "actor/total_skipped_steps": float(self.skipped_steps),
             "actor/optimizer_steps": float(len(plans) - skipped),
             "actor/global_step": float(self.global_step),
-            "perf/train_tokens_rank": float(tokens),
+            "perf/forward_tokens_rank": float(tokens),
             "perf/train_time_s": time.perf_counter() - t0,
             "perf/max_memory_allocated_gb": device_layer.peak_memory_bytes(s.device) / 2**30,
         })

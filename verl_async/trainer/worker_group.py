@@ -22,8 +22,8 @@ plus the keys the call needs (all [B, T] float unless noted):
 kl_loss (use_kl_loss), entropy (entropy_coeff != 0; else take it from
 compute_log_prob(calculate_entropy=True)), skipped_steps, total_skipped_steps,
 optimizer_steps, global_step}, mismatch/* (rollout correction metrics, whenever
-`rollout_log_probs` is in the batch), perf/{train_tokens, train_time_s,
-max_memory_allocated_gb}. Loss-type values are exact mini-batch values (averaged over
+`rollout_log_probs` is in the batch), perf/{train_tokens (real tokens x epochs),
+forward_tokens (padding included), train_time_s, max_memory_allocated_gb}. Loss-type values are exact mini-batch values (averaged over
 the step's mini-batches), not micro-batch averages.
 
 The driver (this object) does all the planning: the DP split balanced by tokens, the
@@ -298,8 +298,9 @@ class FSDPWorkerGroup:
         refs = [w.update.remote(ref, plans, loss_keys) for w in self.workers]
         outs = self._wait(refs, "update")
         metrics.update(outs[0])
-        metrics["perf/train_tokens"] = float(sum(o["perf/train_tokens_rank"] for o in outs))
-        metrics.pop("perf/train_tokens_rank", None)
+        metrics["perf/forward_tokens"] = float(sum(o["perf/forward_tokens_rank"] for o in outs))
+        metrics["perf/train_tokens"] = float(batch["attention_mask"].sum()) * s.ppo_epochs
+        metrics.pop("perf/forward_tokens_rank", None)
         metrics["perf/max_memory_allocated_gb"] = max(o["perf/max_memory_allocated_gb"] for o in outs)
         self.global_step = int(outs[0]["actor/global_step"])
         return metrics
