@@ -1,0 +1,22 @@
+"""Trainer engine room: the FSDP2 worker group and what it is made of.
+
+`FSDPWorkerGroup` (Ray actors, one per device) is what the pipeline's Trainer drives;
+`FSDPWorker` is one rank as a plain class; `batching` plans the data path, `loss` is
+the per-micro-batch actor loss, `checkpoint` the folder layout and rotation.
+"""
+
+from verl_async.trainer.checkpoint import checkpoint_dir, latest_checkpoint, mark_latest, rotate_checkpoints
+from verl_async.trainer.fsdp_worker import FSDPWorker
+from verl_async.trainer.settings import TrainerSettings
+from verl_async.trainer.worker_group import FSDPWorkerGroup, WorkerGroupError
+
+__all__ = [
+    "FSDPWorker",
+    "FSDPWorkerGroup",
+    "TrainerSettings",
+    "WorkerGroupError",
+    "checkpoint_dir",
+    "latest_checkpoint",
+    "mark_latest",
+    "rotate_checkpoints",
+]

@@ -1,0 +1,76 @@
+"""Checkpoint folder layout and rotation (verl's `global_step_{N}` layout).
+
+    {default_local_dir}/global_step_{N}/actor/   what FSDPWorkerGroup.save(path) writes:
+        dcp/                torch.distributed.checkpoint shards (model + optimizer)
+        trainer_state.pt    lr scheduler, global step, skipped steps, the caller's `extra`
+        rng_rank{r}.pt      RNG states per rank
+        meta.json           written last: marks the checkpoint complete
+    {default_local_dir}/latest_checkpointed_iteration.txt   N of the newest complete one
+
+The caller decides when to save (`trainer.save_freq`); these helpers name folders,
+find the newest complete checkpoint and keep at most `max_actor_ckpt_to_keep`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from typing import Optional
+
+COMPLETE_MARKER = "meta.json"
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def checkpoint_dir(root: str, step: int, role: str = "actor") -> str:
+    return os.path.join(root, f"global_step_{int(step)}", role)
+
+
+def is_complete(path: str) -> bool:
+    return os.path.exists(os.path.join(path, COMPLETE_MARKER))
+
+
+def list_checkpoints(root: str, role: str = "actor") -> list[tuple[int, str]]:
+    """(step, path) of complete checkpoints under `root`, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        m = _STEP_DIR.match(name)
+        path = os.path.join(root, name, role)
+        if m and is_complete(path):
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def mark_latest(root: str, step: int) -> None:
+    tmp = os.path.join(root, LATEST_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(int(step)))
+    os.replace(tmp, os.path.join(root, LATEST_FILE))
+
+
+def latest_checkpoint(root: str, role: str = "actor") -> Optional[str]:
+    """The newest complete checkpoint (the tracker file first, else the highest step found)."""
+    tracker = os.path.join(root, LATEST_FILE)
+    if os.path.exists(tracker):
+        with open(tracker) as f:
+            text = f.read().strip()
+        if text.isdigit() and is_complete(checkpoint_dir(root, int(text), role)):
+            return checkpoint_dir(root, int(text), role)
+    found = list_checkpoints(root, role)
+    return found[-1][1] if found else None
+
+
+def rotate_checkpoints(root: str, keep: Optional[int], role: str = "actor") -> list[str]:
+    """Delete the oldest `global_step_*` folders beyond the newest `keep` (None or <= 0: keep all)."""
+    if keep is None or keep <= 0:
+        return []
+    steps = list_checkpoints(root, role)
+    removed = []
+    for step, _ in steps[: max(0, len(steps) - keep)]:
+        folder = os.path.join(root, f"global_step_{step}")
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed

@@ -1,0 +1,512 @@
+"""One FSDP2 training rank: the policy (and reference) model, optimizer, schedule, checkpoints.
+
+A plain class: the worker group wraps it as a Ray actor (one per device), a test can
+drive it in-process. All ranks receive the same calls with the same plan (computed
+once by the driver, see `batching`), so every forward/backward and every collective
+happens on every rank in the same order; a rank without rows runs a dummy
+micro-batch instead of skipping.
+
+Precision: the master weights, gradients after reduction and optimizer state are
+float32; on GPU/NPU FSDP2's `MixedPrecisionPolicy` runs forward/backward in
+`fsdp_config.mixed_precision.param_dtype` (bf16) and reduces in `reduce_dtype` (fp32).
+CPU runs everything in float32 (exact tests).
+
+Reference model: a second FSDP2 module from the same weights, frozen, with
+`CPUOffloadPolicy` on accelerators (parameters live on the host and visit the device
+only inside its forward). The actor's weights are never swapped in and out by hand:
+slime found that drifts (KL != 0 on the first step).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import time
+from datetime import timedelta
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
+from verl_async.trainer.attention import resolve_attn_implementation
+from verl_async.trainer.checkpoint import COMPLETE_MARKER
+from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
+from verl_async.trainer.loss import LossConfig, actor_loss
+from verl_async.trainer.lr_schedule import build_lr_scheduler
+from verl_async.trainer.settings import TrainerSettings
+from verl_async.utils import device as device_layer
+
+logger = logging.getLogger(__name__)
+
+_METRIC_KEYS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
+                "actor/kl_loss", "actor/loss")
+_DTYPE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _decoder_layer_classes(model: torch.nn.Module) -> set[str]:
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    if not names:
+        raise ValueError(f"{type(model).__name__} declares no _no_split_modules: cannot find its decoder layers "
+                         f"to shard with FSDP2")
+    return names
+
+
+class FSDPWorker:
+    """One rank. Call order: `master_address()` (rank 0) -> `init(addr, port)` on all ranks -> work."""
+
+    def __init__(self, config: dict, rank: int, world_size: int):
+        self.config = config
+        self.settings = TrainerSettings.from_config(config)
+        self.rank, self.world_size = rank, world_size
+        self.global_step = 0
+        self.skipped_steps = 0
+        self.model: Any = None
+        self.ref_model: Any = None
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.lr_scheduler: Any = None
+
+    # ------------------------------------------------------------------ setup
+    def master_address(self) -> tuple[str, int]:
+        """Where rank 0 listens: loopback on one node, this node's address across nodes."""
+        if self.settings.nnodes == 1:
+            return "127.0.0.1", free_port()
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        s = self.settings
+        self.device = device_layer.resolve(s.device)
+        self.device.set_current()
+        if s.device == "cpu":
+            torch.set_num_threads(int(os.environ.get("VERL_ASYNC_WORKER_THREADS", "1")))
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size))
+        if not dist.is_initialized():
+            dist.init_process_group(backend=self.device.dist_backend, rank=self.rank, world_size=self.world_size,
+                                    init_method=f"tcp://{master_addr}:{master_port}",
+                                    timeout=timedelta(seconds=max(60.0, s.worker_timeout_s)))
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # DP only for now; a ("dp", "cp") mesh slots in here when context parallelism arrives.
+        self.mesh = init_device_mesh(s.device, (self.world_size,), mesh_dim_names=("dp",))
+        torch.manual_seed(s.seed)
+        self.attn_implementation = resolve_attn_implementation(s.attn_implementation, s.device)
+        self.model = self._build_model(train=True)
+        self.pad_token_id = int(self.model.config.pad_token_id or 0)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=s.optim.lr, betas=s.optim.betas, eps=s.optim.eps,
+            weight_decay=s.optim.weight_decay,
+        )
+        self.lr_scheduler = build_lr_scheduler(
+            self.optimizer, kind=s.optim.lr_scheduler_type, warmup_steps=s.warmup_steps(),
+            total_steps=s.optim.total_training_steps, min_lr_ratio=s.optim.min_lr_ratio,
+            num_cycles=s.optim.num_cycles,
+        )
+        if s.need_ref:
+            self.ref_model = self._build_model(train=False)
+        self._offload_if_asked()
+        n_params = sum(p.numel() for p in self.model.parameters())
+        return {"rank": self.rank, "params": int(n_params), "attn_implementation": self.attn_implementation,
+                "device": str(self.device.torch_device)}
+
+    def _mp_policy(self):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.settings.device == "cpu":
+            return MixedPrecisionPolicy()  # float32 throughout
+        return MixedPrecisionPolicy(param_dtype=_DTYPE[self.settings.param_dtype],
+                                    reduce_dtype=_DTYPE[self.settings.reduce_dtype])
+
+    def _build_model(self, *, train: bool):
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        from verl_async.models import load_causal_lm
+
+        s = self.settings
+        model = load_causal_lm(s.model_path, dtype=torch.float32, trust_remote_code=s.trust_remote_code,
+                               override_config=s.override_config, attn_implementation=self.attn_implementation)
+        model.config.use_cache = False
+        if train and s.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if not train:
+            model.requires_grad_(False)
+        on_accel = s.device != "cpu"
+        offload = (s.offload_policy if train else s.ref_param_offload) and on_accel
+        policy = CPUOffloadPolicy(pin_memory=True) if offload else OffloadPolicy()
+        kwargs = dict(mesh=self.mesh, mp_policy=self._mp_policy(), offload_policy=policy,
+                      reshard_after_forward=s.reshard_after_forward if train else True)
+        layer_classes = _decoder_layer_classes(model)
+        for module in model.modules():
+            if type(module).__name__ in layer_classes:
+                fully_shard(module, **kwargs)
+        fully_shard(model, **kwargs)
+        model.train(train)
+        return model
+
+    # ------------------------------------------------------------------ offload (fsdp_config.param_offload / optimizer_offload)
+    def _offload_if_asked(self) -> None:
+        if self.settings.device == "cpu":
+            return
+        if self.settings.param_offload and not self.settings.offload_policy:
+            self.model.to("cpu")
+        if self.settings.optimizer_offload and not self.settings.offload_policy:
+            self._move_optimizer("cpu")
+
+    def _load_if_offloaded(self) -> None:
+        if self.settings.device == "cpu":
+            return
+        if self.settings.param_offload and not self.settings.offload_policy:
+            self.model.to(self.device.torch_device)
+
+    def _move_optimizer(self, where: str | torch.device) -> None:
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    state[key] = value.to(where, non_blocking=True)
+
+    # ------------------------------------------------------------------ runtime knobs
+    def set_options(self, overrides: dict[str, Any]) -> None:
+        self.settings = self.settings.with_overrides(overrides)
+
+    def state(self) -> dict[str, Any]:
+        return {"global_step": self.global_step, "skipped_steps": self.skipped_steps,
+                "lr": float(self.optimizer.param_groups[0]["lr"])}
+
+    # ------------------------------------------------------------------ forward
+    def _forward(self, model, inp: ModelInputs, *, with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+        """(logp [b,T], entropy [b,T] or None, anchor): anchor is a zero that touches the whole graph."""
+        inp = inp.to(self.device.torch_device)
+        out = model(**inp.model_kwargs())
+        logits = out.logits
+        labels = inp.labels.to(logits.device)
+        temperature = self.settings.temperature
+        if with_entropy:
+            raw_logp, raw_ent = logprobs_and_entropy(logits, labels, temperature)
+        else:
+            raw_logp, raw_ent = logprobs_from_logits(logits, labels, temperature), None
+        anchor = torch.where(torch.isfinite(raw_logp), raw_logp, torch.zeros_like(raw_logp)).sum() * 0.0
+        logp = inp.scatter(raw_logp)
+        ent = inp.scatter(raw_ent) if raw_ent is not None else None
+        return logp, ent, anchor
+
+    def _packed(self) -> bool:
+        return self.settings.use_remove_padding
+
+    def _inputs(self, batch: TensorDict, rows: Sequence[int]) -> ModelInputs:
+        return build_model_inputs(batch, rows, packed=self._packed(), pad_token_id=self.pad_token_id,
+                                  with_varlen_kwargs=self.attn_implementation in ("flash_attention_2", "varlen"))
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: TensorDict, micro_batches: list[list[int]], *, use_ref: bool = False,
+                         calculate_entropy: bool = False) -> dict[str, Any]:
+        """Log-probs (and entropy) of this rank's rows: {"rows", "log_probs" [n,T], "entropy" [n,T] | None}."""
+        model = self.ref_model if use_ref else self.model
+        if model is None:
+            raise RuntimeError("compute_ref_log_prob: no reference model (actor.use_kl_loss and "
+                               "algorithm.use_kl_in_reward are both false)")
+        self._load_if_offloaded()
+        was_training = model.training
+        model.eval()
+        rows_out, logps, ents = [], [], []
+        try:
+            for rows in micro_batches:
+                logp, ent, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy)
+                if rows:
+                    rows_out.extend(rows)
+                    logps.append(logp.float().cpu())
+                    if ent is not None:
+                        ents.append(ent.float().cpu())
+        finally:
+            model.train(was_training)
+            self._offload_if_asked()
+        width = batch["responses"].shape[1]
+        empty = torch.zeros(0, width)
+        return {"rows": rows_out, "log_probs": torch.cat(logps) if logps else empty,
+                "entropy": (torch.cat(ents) if ents else empty) if calculate_entropy else None}
+
+    # ------------------------------------------------------------------ update
+    def _loss_config(self) -> LossConfig:
+        s = self.settings
+        return LossConfig(loss_agg_mode=s.loss_agg_mode, clip_ratio_low=s.clip_ratio_low,
+                          clip_ratio_high=s.clip_ratio_high, clip_ratio_c=s.clip_ratio_c,
+                          entropy_coeff=s.entropy_coeff, use_kl_loss=s.use_kl_loss, kl_loss_coef=s.kl_loss_coef,
+                          kl_loss_type=s.kl_loss_type)
+
+    def _all_reduce_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64,
+                         device="cpu" if self.settings.device == "cpu" else self.device.torch_device)
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.cpu().tolist()
+
+    def update(self, batch: TensorDict, plans: list[MiniBatchPlan], loss_keys: list[str]) -> dict[str, Any]:
+        """One training step: every mini-batch of `plans` is one optimizer step (PPO epochs included).
+
+        `batch` carries `loss_mask` (the response mask after rollout correction), and the
+        [B,T] tensors named in `loss_keys`. Returns metrics (identical on all ranks).
+        """
+        s = self.settings
+        cfg = self._loss_config()
+        horizon = max(s.response_length or 0, batch["responses"].shape[1])
+        self._load_if_offloaded()
+        if s.optimizer_offload and not s.offload_policy and s.device != "cpu":
+            self._move_optimizer(self.device.torch_device)
+        self.model.train()
+        accel = device_layer.accelerator_module(s.device)
+        if accel is not None:
+            accel.reset_peak_memory_stats()
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        # Like verl: entropy only when it is in the loss (it costs extra passes over [tokens, vocab]); for
+        # logging, compute_log_prob(calculate_entropy=True) gives it at no extra forward.
+        want_entropy = s.entropy_coeff != 0
+        values: dict[str, list[float]] = {k: [] for k in _METRIC_KEYS}
+        grad_norms: list[float] = []
+        skipped = 0
+        errors: list[str] = []
+        t0 = time.perf_counter()
+        tokens = 0
+        for plan in plans:
+            local = {k: 0.0 for k in _METRIC_KEYS}
+            bad = 0.0
+            for rows in plan.micro[self.rank]:
+                inp = self._inputs(batch, rows)
+                tokens += inp.num_tokens if rows else 0
+                logp, ent, anchor = self._forward(self.model, inp, with_entropy=want_entropy)
+                loss = anchor
+                if rows:
+                    data = {k: v.to(logp.device) for k, v in gather_rows(batch, rows, loss_keys).items()}
+                    valid = data["loss_mask"].bool()
+                    finite = torch.isfinite(logp) & (torch.isfinite(ent) if ent is not None else True)
+                    if not bool(finite[valid].all()):
+                        bad = 1.0
+                        errors.append(f"non-finite log-probs/entropy in rows {list(rows)[:8]}")
+                    else:
+                        try:
+                            micro_loss, m = actor_loss(logp, ent, data, cfg, global_tokens=plan.num_tokens,
+                                                       global_seqs=plan.num_seqs, loss_scale_factor=horizon)
+                            loss = loss + micro_loss
+                            for k, v in m.items():
+                                local[k] += v
+                        except ValueError as exc:  # non-finite per-token loss: skip the step on all ranks
+                            bad = 1.0
+                            errors.append(str(exc))
+                # FSDP averages gradients over ranks; the shares are sums: undo the average.
+                (loss * self.world_size).backward()
+            reduced = self._all_reduce_sum([local[k] for k in _METRIC_KEYS] + [bad])
+            step_metrics = dict(zip(_METRIC_KEYS, reduced[:-1]))
+            bad_any = reduced[-1] > 0 or not all(np.isfinite(v) for v in step_metrics.values())
+            grad_norm = self._clip_grad_norm()
+            if bad_any or not np.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                if self.rank == 0:
+                    logger.warning("step %d: non-finite loss or grad norm (%s, grad_norm=%s): optimizer step "
+                                   "skipped (%d skipped so far)", self.global_step, errors[-1] if errors else
+                                   "loss overflow", grad_norm, self.skipped_steps + skipped)
+            else:
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            grad_norms.append(grad_norm)
+            for k in _METRIC_KEYS:
+                if np.isfinite(step_metrics[k]):  # a skipped (overflowed) step would turn the mean into inf
+                    values[k].append(step_metrics[k])
+        self.lr_scheduler.step()
+        self.global_step += 1
+        self.skipped_steps += skipped
+        if s.optimizer_offload and not s.offload_policy and s.device != "cpu":
+            self._move_optimizer("cpu")
+        self._offload_if_asked()
+        metrics: dict[str, Any] = {k: float(np.mean(v)) if v else float("nan") for k, v in values.items()}
+        if not s.use_kl_loss:
+            metrics.pop("actor/kl_loss")
+        if not want_entropy:
+            metrics.pop("actor/entropy")
+        finite_norms = [g for g in grad_norms if np.isfinite(g)]
+        metrics.update({
+            "actor/grad_norm": float(np.mean(finite_norms)) if finite_norms else float("nan"),
+            "actor/lr": lr,
+            "actor/skipped_steps": float(skipped),
+            "actor/total_skipped_steps": float(self.skipped_steps),
+            "actor/optimizer_steps": float(len(plans) - skipped),
+            "actor/global_step": float(self.global_step),
+            "perf/forward_tokens_rank": float(tokens),
+            "perf/train_time_s": time.perf_counter() - t0,
+            "perf/max_memory_allocated_gb": device_layer.peak_memory_bytes(s.device) / 2**30,
+        })
+        if s.use_kl_loss:
+            metrics["actor/kl_coef"] = s.kl_loss_coef
+        if errors:
+            metrics["actor/skip_reasons"] = errors[:4]
+        return metrics
+
+    def _clip_grad_norm(self) -> float:
+        """Global grad norm over the sharded (DTensor) grads; clip when finite.
+
+        The norm is reduced on the accelerator even when FSDP keeps grads on the host
+        (offload_policy): NCCL/HCCL cannot reduce CPU tensors (verl's fsdp2_clip_grad_norm_).
+        """
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+        if self.settings.device != "cpu":
+            total = total.to(self.device.torch_device)
+        if hasattr(total, "full_tensor"):
+            total = total.full_tensor()
+        norm = float(total)
+        if self.settings.grad_clip is not None and np.isfinite(norm):
+            torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, total)
+        return norm
+
+    # ------------------------------------------------------------------ weight sync / export
+    def iter_full_params(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full CPU tensor) on rank 0; every rank must iterate (the gathers are collective).
+
+        Names are the HF module's `named_parameters()` (tied weights appear once, as the
+        embedding), the names `load_weights` / `load_state_dict(strict=False)` expect.
+        """
+        self._load_if_offloaded()
+        try:
+            device = self.device.torch_device
+            for name, param in self.model.named_parameters():
+                if hasattr(param, "full_tensor"):
+                    # host-offloaded shards (offload_policy) must visit the device: NCCL/HCCL gather device memory
+                    full = (param if param.device == device else param.to(device)).full_tensor()
+                else:
+                    full = param.data
+                if self.rank == 0:
+                    yield name, full.detach().to(dtype or full.dtype).cpu()
+                del full
+        finally:
+            self._offload_if_asked()
+
+    def weight_buckets(self, bucket_bytes: int, dtype: Optional[str] = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Buckets of (name, tensor) of at most `bucket_bytes` (a larger tensor travels alone); rank 0 yields."""
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in self.iter_full_params(_DTYPE[dtype] if dtype else self._sync_dtype()):
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+    def _sync_dtype(self) -> torch.dtype:
+        return torch.float32 if self.settings.device == "cpu" else _DTYPE[self.settings.param_dtype]
+
+    def export_hf(self, path: str, dtype: Optional[str] = None) -> Optional[str]:
+        """A plain HF folder (config, safetensors, tokenizer) that `from_pretrained` loads; rank 0 writes."""
+        from transformers import AutoModelForCausalLM
+
+        from verl_async.models import load_tokenizer
+
+        target = _DTYPE[dtype] if dtype else self._sync_dtype()
+        state = dict(self.iter_full_params(target))
+        if self.rank == 0:
+            config = self.model.config
+            with torch.device("meta"):
+                hf = AutoModelForCausalLM.from_config(config, dtype=target,
+                                                      trust_remote_code=self.settings.trust_remote_code)
+            missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
+            tied = set(getattr(hf, "_tied_weights_keys", None) or [])
+            missing = [k for k in missing if k not in tied]
+            if missing or unexpected:
+                raise RuntimeError(f"export_hf: state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            hf.tie_weights()
+            hf.config.use_cache = True
+            os.makedirs(path, exist_ok=True)
+            hf.save_pretrained(path)
+            tok = load_tokenizer(self.settings.model_path, trust_remote_code=self.settings.trust_remote_code,
+                                 custom_chat_template=self.settings.custom_chat_template)
+            tok.save_pretrained(path)
+        if self.world_size > 1:
+            dist.barrier()
+        return path if self.rank == 0 else None
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str, extra: Optional[dict] = None) -> None:
+        """Sharded model + optimizer (torch.distributed.checkpoint), scheduler, step, RNG, `extra`."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self._load_if_offloaded()
+        os.makedirs(path, exist_ok=True)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
+        torch.save(_rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
+        if self.rank == 0:
+            torch.save({"lr_scheduler": self.lr_scheduler.state_dict(), "global_step": self.global_step,
+                        "skipped_steps": self.skipped_steps, "extra": extra or {}},
+                       os.path.join(path, "trainer_state.pt"))
+        if self.world_size > 1:
+            dist.barrier()
+        if self.rank == 0:  # written last: its presence marks a complete checkpoint
+            with open(os.path.join(path, COMPLETE_MARKER), "w") as f:
+                json.dump({"global_step": self.global_step, "world_size": self.world_size,
+                           "model_path": self.settings.model_path}, f)
+        self._offload_if_asked()
+
+    def load(self, path: str) -> dict:
+        """Restore what `save` wrote; returns its `extra`."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        state_file = os.path.join(path, "trainer_state.pt")
+        if not os.path.exists(state_file):
+            raise FileNotFoundError(f"no trainer checkpoint at {path!r} (missing trainer_state.pt)")
+        self._load_if_offloaded()
+        if self.settings.optimizer_offload and not self.settings.offload_policy and self.settings.device != "cpu":
+            self._move_optimizer(self.device.torch_device)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optimizer": optim_sd}
+        dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        trainer_state = torch.load(state_file, weights_only=False)
+        self.lr_scheduler.load_state_dict(trainer_state["lr_scheduler"])
+        self.global_step = int(trainer_state["global_step"])
+        self.skipped_steps = int(trainer_state["skipped_steps"])
+        rng_file = os.path.join(path, f"rng_rank{self.rank}.pt")
+        if os.path.exists(rng_file):
+            _set_rng_state(torch.load(rng_file, weights_only=False))
+        if self.world_size > 1:
+            dist.barrier()
+        self._offload_if_asked()
+        return dict(trainer_state.get("extra") or {})
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

@@ -1,0 +1,72 @@
+"""The actor's loss for one micro-batch, as its exact share of the mini-batch loss.
+
+    loss = agg(w * L_clip) - entropy_coeff * agg(H) + kl_loss_coef * agg(KL(pi || ref))
+
+(verl's dp_actor terms; `w` the rollout-correction weights when enabled, `agg` the
+`loss_agg_mode` aggregation). Every `agg` is taken with the MINI-BATCH's
+denominators (valid tokens / non-empty sequences over all micro-batches and all DP
+ranks; `seq-mean-token-sum-norm` divides by a constant horizon, verl's padded response
+length `rollout.response_length`), so the micro-batch
+losses add up to the mini-batch loss and their gradients to its gradient, whatever
+the split (see verl_async.algos.losses). Metrics come back as shares too: summing
+them over micro-batches and ranks gives the mini-batch value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import torch
+
+from verl_async.algos import agg_loss, kl_penalty, ppo_policy_loss
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    loss_agg_mode: str
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_c: float
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+
+
+def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], data: Mapping[str, torch.Tensor],
+               cfg: LossConfig, *, global_tokens: float, global_seqs: float,
+               loss_scale_factor: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """Micro-batch share of the loss and metric shares.
+
+    `data` holds [b, T] tensors: `loss_mask`, `old_log_probs`, `advantages`, optional
+    `is_weights` (rollout correction) and `ref_log_prob` (when `use_kl_loss`).
+    """
+    mask = data["loss_mask"]
+    norm = dict(global_tokens=global_tokens, global_seqs=global_seqs, loss_scale_factor=loss_scale_factor)
+    pg_loss, pg_metrics = ppo_policy_loss(
+        logp, data["old_log_probs"], data["advantages"], mask,
+        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+        loss_agg_mode=cfg.loss_agg_mode, is_weights=data.get("is_weights"), **norm,
+    )
+    # ppo_policy_loss's ratio metrics are token means over this micro-batch: weight them by its token share.
+    share = float(mask.sum()) / max(global_tokens, 1.0)
+    metrics = {
+        "actor/pg_loss": float(pg_loss.detach()),
+        "actor/pg_clipfrac": pg_metrics["pg_clipfrac"] * share,
+        "actor/pg_clipfrac_lower": pg_metrics["pg_clipfrac_lower"] * share,
+        "actor/ppo_kl": pg_metrics["ppo_kl"] * share,
+    }
+    loss = pg_loss
+    if entropy is not None:
+        ent = agg_loss(entropy if cfg.entropy_coeff != 0 else entropy.detach(), mask, cfg.loss_agg_mode, **norm)
+        metrics["actor/entropy"] = float(ent.detach())
+        if cfg.entropy_coeff != 0:
+            loss = loss - cfg.entropy_coeff * ent
+    if cfg.use_kl_loss:
+        kld = kl_penalty(logp, data["ref_log_prob"], cfg.kl_loss_type)
+        kl = agg_loss(kld, mask, cfg.loss_agg_mode, **norm)
+        metrics["actor/kl_loss"] = float(kl.detach())
+        loss = loss + cfg.kl_loss_coef * kl
+    metrics["actor/loss"] = float(loss.detach())
+    return loss, metrics

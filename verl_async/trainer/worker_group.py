@@ -1,0 +1,370 @@
+"""FSDP2 worker group: one Ray actor per device, driven as one trainer (slime-like interface).
+
+    group = FSDPWorkerGroup(cfg)                   # full Hydra config (DictConfig or dict)
+    group.init()                                   # placement group, ranks, process group, FSDP2 models
+    old = group.compute_log_prob(batch)            # [B, T] (and entropy with calculate_entropy=True)
+    ref = group.compute_ref_log_prob(batch)        # [B, T], reference model
+    metrics = group.update(batch)                  # one training step (all mini-batches / epochs)
+    for bucket_ref in group.weight_bucket_refs(bucket_bytes): ...   # weight sync, see below
+    group.save(path, extra={...}); extra = group.load(path); group.export_hf(path)
+    group.save_checkpoint(root, extra)             # root/global_step_N/actor + latest marker + rotation
+
+Batches are TensorDicts from `verl_async.protocol.collate_groups` (one row per response)
+plus the keys the call needs (all [B, T] float unless noted):
+
+* compute_log_prob / compute_ref_log_prob: `prompts` [B,P] (left-padded), `responses` [B,T]
+  (right-padded), `attention_mask` [B,P+T], `response_mask` [B,T].
+* update: the above plus `old_log_probs`, `advantages`, `group_index` [B] (long, the GRPO
+  group of each row); `ref_log_prob` when `actor.use_kl_loss`; `rollout_log_probs` when
+  `actor.rollout_correction.enable` (its mismatch metrics are reported whenever present).
+
+`update` metrics: actor/{pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, loss, grad_norm, lr,
+kl_loss (use_kl_loss), entropy (entropy_coeff != 0; else take it from
+compute_log_prob(calculate_entropy=True)), skipped_steps, total_skipped_steps,
+optimizer_steps, global_step}, mismatch/* (rollout correction metrics, whenever
+`rollout_log_probs` is in the batch), perf/{train_tokens (real tokens x epochs),
+forward_tokens (padding included), train_time_s, max_memory_allocated_gb}. Loss-type values are exact mini-batch values (averaged over
+the step's mini-batches), not micro-batch averages.
+
+The driver (this object) does all the planning: the DP split balanced by tokens, the
+micro-batches, the mini-batches of whole groups and their loss normalisers, the
+rollout-correction weights (batch-wide, so `batch_normalize` is exact). Workers get the
+batch once through the object store plus their part of the plan.
+
+Weight sync: `weight_bucket_refs(bucket_bytes)` is a generator of Ray ObjectRefs, each a
+list of (HF name, CPU tensor) of at most `bucket_bytes` (a bigger tensor travels alone),
+produced by rank 0 through a Ray streaming generator while every rank takes part in the
+DTensor gathers. The pipeline may hand the refs straight to the engines (the tensors
+never pass through the driver) or use `iter_weights()` for (name, tensor) pairs, the
+shape `InferenceEngine.update_weights` takes. Production pauses after a couple of
+unconsumed buckets (Ray generator back-pressure), so peak host memory stays bounded.
+
+Failures: every wait has a timeout (`trainer.worker_timeout_s`); a dead actor raises
+`WorkerGroupError` naming the rank and the call. After any worker failure the
+collectives are out of step: the group refuses further calls; `shutdown()` and build
+a new one (e.g. from the last checkpoint).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, Mapping, Optional
+
+import torch
+from tensordict import TensorDict
+
+from verl_async.algos import rollout_correction
+from verl_async.trainer.batching import (
+    LAYOUT_KEYS,
+    UPDATE_KEYS,
+    check_batch,
+    check_lengths,
+    plan_forward,
+    plan_update,
+    sequence_lengths,
+)
+from verl_async.trainer.checkpoint import checkpoint_dir, mark_latest, rotate_checkpoints
+from verl_async.trainer.fsdp_worker import FSDPWorker
+from verl_async.trainer.settings import TrainerSettings
+from verl_async.utils import device as device_layer
+
+# Host CPUs reserved per rank: tiny on CPU (tests and demo share a small machine).
+_CPU_PER_RANK = {"cpu": 0.2, "cuda": 1.0, "npu": 1.0}
+
+
+class WorkerGroupError(RuntimeError):
+    """A worker died, timed out or failed; the group can not continue."""
+
+
+def _plain_config(config: Any) -> dict:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(config, DictConfig):
+            return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
+    except ImportError:  # pragma: no cover - omegaconf is a core dependency
+        pass
+    if not isinstance(config, Mapping):
+        raise TypeError(f"FSDPWorkerGroup: config must be a DictConfig or a mapping, got {type(config).__name__}")
+    return dict(config)
+
+
+class FSDPWorkerGroup:
+    def __init__(self, config: Any, *, name: str = "fsdp_actor"):
+        self.config = _plain_config(config)
+        self.settings = TrainerSettings.from_config(self.config)
+        self.name = name
+        self.world_size = self.settings.world_size
+        self.workers: list[Any] = []
+        self.global_step = 0
+        self._pg = None
+        self._broken: Optional[str] = None
+        self.info: list[dict] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def init(self) -> list[dict]:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        s = self.settings
+        kind = s.device
+        cpus = _CPU_PER_RANK[kind]
+        bundle: dict[str, float] = {"CPU": cpus}
+        if kind != "cpu":
+            bundle[device_layer.ray_resource_name(kind)] = 1
+        total = ray.cluster_resources()
+        for resource, amount in bundle.items():
+            if total.get(resource, 0) < amount * self.world_size:
+                raise WorkerGroupError(
+                    f"{self.name}: trainer.device={kind} with trainer.nnodes={s.nnodes} x trainer.n_gpus_per_node="
+                    f"{s.n_gpus_per_node} needs {amount * self.world_size:g} {resource} but the Ray cluster has "
+                    f"{total.get(resource, 0):g}"
+                )
+        self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
+        try:
+            ray.get(self._pg.ready(), timeout=s.worker_timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise WorkerGroupError(
+                f"{self.name}: cannot reserve {self.world_size} bundles of {bundle} (trainer.nnodes={s.nnodes} x "
+                f"trainer.n_gpus_per_node={s.n_gpus_per_node}) within {s.worker_timeout_s}s; cluster resources: "
+                f"{ray.available_resources()}"
+            ) from exc
+        actor_cls = ray.remote(FSDPWorker)
+        for rank in range(self.world_size):
+            options: dict[str, Any] = dict(
+                num_cpus=cpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
+            )
+            if kind == "cuda":
+                options["num_gpus"] = 1
+            elif kind == "npu":
+                options["resources"] = {"NPU": 1}
+            self.workers.append(actor_cls.options(**options).remote(self.config, rank, self.world_size))
+        addr, port = self._call_one(0, "master_address")
+        self.info = self._call("init", addr, port)
+        return self.info
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for w in self.workers:
+            try:
+                ray.kill(w)
+            except Exception:  # noqa: BLE001 - already dead is fine
+                pass
+        self.workers = []
+        if self._pg is not None:
+            remove_placement_group(self._pg)
+            self._pg = None
+
+    # ------------------------------------------------------------------ calls
+    def _wait(self, refs: list, what: str, timeout: Optional[float] = None) -> list:
+        import ray
+
+        if self._broken:
+            raise WorkerGroupError(f"{self.name}: unusable after an earlier failure ({self._broken}); "
+                                   f"shutdown() and build a new group")
+        timeout = self.settings.worker_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        rank_of = {ref: i for i, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        pending = list(refs)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                ranks = sorted(rank_of[r] for r in pending)
+                self._broken = f"{what} timed out on ranks {ranks}"
+                raise WorkerGroupError(f"{self.name}: {what} did not finish on ranks {ranks} within {timeout:.0f}s "
+                                       f"(trainer.worker_timeout_s)")
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for ref in ready:
+                rank = rank_of[ref]
+                try:
+                    results[rank] = ray.get(ref, timeout=max(1.0, left))
+                except ray.exceptions.RayActorError as exc:
+                    self._broken = f"rank {rank} died during {what}"
+                    raise WorkerGroupError(f"{self.name}: worker rank {rank} died during {what}: {exc}") from exc
+                except ray.exceptions.RayTaskError:
+                    self._broken = f"rank {rank} raised in {what}"
+                    raise  # also an instance of the worker's exception class (ValueError, ...)
+        return [results[i] for i in range(len(refs))]
+
+    def _call(self, method: str, *args, **kwargs) -> list:
+        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+        return self._wait(refs, method)
+
+    def _call_one(self, rank: int, method: str, *args, **kwargs):
+        return self._wait([getattr(self.workers[rank], method).remote(*args, **kwargs)], method)[0]
+
+    def _call_planned(self, method: str, batch_ref, plans: list, *args, **kwargs) -> list:
+        refs = [getattr(w, method).remote(batch_ref, plans[rank], *args, **kwargs)
+                for rank, w in enumerate(self.workers)]
+        return self._wait(refs, method)
+
+    def set_options(self, **overrides: Any) -> None:
+        """Change runtime knobs (TrainerSettings.RUNTIME_KEYS) on the driver and every rank."""
+        self.settings = self.settings.with_overrides(overrides)
+        self._call("set_options", overrides)
+
+    # ------------------------------------------------------------------ log-probs
+    def compute_log_prob(self, batch: TensorDict, *, calculate_entropy: bool = False):
+        """Actor log-probs [B, T] at `rollout.temperature` (0 on padding); with entropy: (log_probs, entropy)."""
+        s = self.settings
+        out = self._log_probs(batch, "compute_log_prob", use_ref=False, calculate_entropy=calculate_entropy,
+                              dynamic=s.log_prob_use_dynamic_bsz, micro=s.log_prob_micro_batch_size_per_gpu,
+                              max_tokens=s.log_prob_max_token_len_per_gpu,
+                              key="actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")
+        return out if calculate_entropy else out[0]
+
+    def compute_ref_log_prob(self, batch: TensorDict) -> torch.Tensor:
+        """Reference-model log-probs [B, T] (needs actor.use_kl_loss or algorithm.use_kl_in_reward)."""
+        s = self.settings
+        if not s.need_ref:
+            raise RuntimeError("compute_ref_log_prob: no reference model (actor_rollout_ref.actor.use_kl_loss and "
+                               "algorithm.use_kl_in_reward are both false)")
+        return self._log_probs(batch, "compute_ref_log_prob", use_ref=True, calculate_entropy=False,
+                               dynamic=s.ref_log_prob_use_dynamic_bsz, micro=s.ref_log_prob_micro_batch_size_per_gpu,
+                               max_tokens=s.ref_log_prob_max_token_len_per_gpu,
+                               key="actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")[0]
+
+    def _log_probs(self, batch: TensorDict, call: str, *, use_ref: bool, calculate_entropy: bool, dynamic: bool,
+                   micro: int, max_tokens: int, key: str):
+        import ray
+
+        n = check_batch(batch, LAYOUT_KEYS, call)
+        p_len, r_len = sequence_lengths(batch)
+        weights = check_lengths(p_len, r_len, max_tokens if dynamic else None, key)
+        plan = plan_forward(weights, self.world_size, dynamic=dynamic, micro_size=micro, max_tokens=max_tokens)
+        ref = ray.put(batch.select(*LAYOUT_KEYS))
+        outs = self._call_planned("compute_log_prob", ref, plan, use_ref=use_ref,
+                                  calculate_entropy=calculate_entropy)
+        width = batch["responses"].shape[1]
+        logp = torch.zeros(n, width)
+        ent = torch.zeros(n, width) if calculate_entropy else None
+        for out in outs:
+            if out["rows"]:
+                idx = torch.as_tensor(out["rows"], dtype=torch.long)
+                logp[idx] = out["log_probs"]
+                if ent is not None:
+                    ent[idx] = out["entropy"]
+        return logp, ent
+
+    # ------------------------------------------------------------------ update
+    def update(self, batch: TensorDict) -> dict[str, Any]:
+        """One training step on the batch; returns metrics (actor/*, mismatch/*, perf/*)."""
+        import ray
+
+        s = self.settings
+        keys = list(UPDATE_KEYS)
+        if s.use_kl_loss:
+            keys.append("ref_log_prob")
+        if s.rollout_correction.enable:
+            keys.append("rollout_log_probs")
+        check_batch(batch, keys, "update")
+        mask = batch["response_mask"]
+        valid = mask.bool()
+        for key in ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs"):
+            if key in keys:
+                bad = valid & ~torch.isfinite(batch[key])
+                if bool(bad.any()):
+                    row = int(bad.any(dim=1).nonzero()[0])
+                    raise ValueError(f"update: batch[{key!r}] holds NaN/inf at valid response tokens "
+                                     f"(first in row {row})")
+        p_len, r_len = sequence_lengths(batch)
+        weights = check_lengths(p_len, r_len, s.ppo_max_token_len_per_gpu if s.use_dynamic_bsz else None,
+                                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+        metrics: dict[str, Any] = {}
+        send = {k: batch[k] for k in LAYOUT_KEYS + ("old_log_probs", "advantages")}
+        loss_mask = mask.float()
+        if "rollout_log_probs" in batch.keys():
+            rc = s.rollout_correction
+            is_w, rc_mask, rc_metrics = rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"], mask,
+                                                           **rc.kwargs())
+            metrics.update({f"mismatch/{k}": v for k, v in rc_metrics.items()})
+            if rc.enable:
+                send["is_weights"] = is_w.float()
+                loss_mask = rc_mask.float()
+        send["loss_mask"] = loss_mask
+        if s.use_kl_loss:
+            send["ref_log_prob"] = batch["ref_log_prob"]
+        plans = plan_update(batch["group_index"], weights, loss_mask, mini_groups=s.ppo_mini_batch_size,
+                            epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed * 100003 + self.global_step,
+                            dp=self.world_size, dynamic=s.use_dynamic_bsz, micro_size=s.ppo_micro_batch_size_per_gpu,
+                            max_tokens=s.ppo_max_token_len_per_gpu)
+        loss_keys = [k for k in ("loss_mask", "old_log_probs", "advantages", "is_weights", "ref_log_prob") if k in send]
+        ref = ray.put(TensorDict(send, batch_size=batch.batch_size))
+        refs = [w.update.remote(ref, plans, loss_keys) for w in self.workers]
+        outs = self._wait(refs, "update")
+        metrics.update(outs[0])
+        metrics["perf/forward_tokens"] = float(sum(o["perf/forward_tokens_rank"] for o in outs))
+        metrics["perf/train_tokens"] = float(batch["attention_mask"].sum()) * s.ppo_epochs
+        metrics.pop("perf/forward_tokens_rank", None)
+        metrics["perf/max_memory_allocated_gb"] = max(o["perf/max_memory_allocated_gb"] for o in outs)
+        self.global_step = int(outs[0]["actor/global_step"])
+        return metrics
+
+    # ------------------------------------------------------------------ weights
+    def weight_bucket_refs(self, bucket_bytes: int, dtype: Optional[str] = None) -> Iterator[Any]:
+        """ObjectRefs of weight buckets (list of (HF name, CPU tensor)); see the module docstring."""
+        import ray
+
+        if self._broken:
+            raise WorkerGroupError(f"{self.name}: unusable after an earlier failure ({self._broken})")
+        gens = [w.weight_buckets.options(num_returns="streaming", _generator_backpressure_num_objects=2)
+                .remote(int(bucket_bytes), dtype) for w in self.workers]
+        timeout = self.settings.worker_timeout_s
+        try:
+            while True:
+                ready, _ = ray.wait([gens[0]], timeout=timeout)
+                if not ready:
+                    self._broken = "weight sync timed out on rank 0"
+                    raise WorkerGroupError(f"{self.name}: rank 0 produced no weight bucket within {timeout:.0f}s")
+                try:
+                    yield next(gens[0])
+                except StopIteration:
+                    break
+        finally:
+            # A consumer that stopped early leaves rank 0 paused mid-model and the others blocked in its
+            # gathers: drain rank 0, then wait for the other ranks (they yield nothing).
+            if not self._broken:
+                for rank, gen in enumerate(gens):
+                    for ref in gen:
+                        self._wait([ref], f"weight_buckets (rank {rank})")
+
+    def iter_weights(self, bucket_bytes: int = 256 << 20, dtype: Optional[str] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full CPU tensor) pairs, one bucket in memory at a time."""
+        for ref in self.weight_bucket_refs(bucket_bytes, dtype):
+            yield from self._wait([ref], "weight bucket")[0]
+
+    def state_dict_for_sync(self, bucket_bytes: int = 256 << 20, dtype: Optional[str] = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Issue 5's name for `iter_weights` (what `InferenceEngine.update_weights` consumes)."""
+        return self.iter_weights(bucket_bytes, dtype)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str, extra: Optional[dict] = None) -> str:
+        """Checkpoint to `path` (a folder on storage every rank sees); `extra` comes back from load()."""
+        self._call("save", path, extra)
+        return path
+
+    def save_checkpoint(self, root: str, extra: Optional[dict] = None, step: Optional[int] = None) -> str:
+        """verl layout: `root/global_step_{N}/actor`, then the latest marker and `max_actor_ckpt_to_keep` rotation."""
+        step = self.global_step if step is None else int(step)
+        path = self.save(checkpoint_dir(root, step), extra)
+        mark_latest(root, step)
+        rotate_checkpoints(root, self.settings.max_ckpt_to_keep)
+        return path
+
+    def load(self, path: str) -> dict:
+        extra = self._call("load", path)[0]
+        self.global_step = int(self._call_one(0, "state")["global_step"])
+        return extra
+
+    def export_hf(self, path: str, dtype: Optional[str] = None) -> str:
+        """`save_pretrained` folder (config, safetensors, tokenizer) of the current policy."""
+        self._call("export_hf", path, dtype)
+        return path
+
+    def state(self) -> dict:
+        return self._call_one(0, "state")
