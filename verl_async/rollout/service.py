@@ -192,6 +192,12 @@ class RolloutService:
     def stop(self) -> None:
         self.rollouter.stop()
 
+    def total_prompts(self) -> int:
+        """Prompts this run will generate (rollout.total_rollout_steps, else epochs x dataset)."""
+        epochs_total = len(self.dataset) * int(self.cfg.rollout.total_epochs)
+        limit = self.rollouter.total_prompts
+        return epochs_total if limit is None else min(limit, epochs_total)
+
     # ------------------------------------------------------------------ sync
     async def pause_for_sync(self) -> None:
         await self.rollouter.pause_for_sync()

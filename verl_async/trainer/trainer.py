@@ -121,7 +121,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ resume
     def find_checkpoint(self) -> Optional[str]:
-        from verl_async.trainer.checkpoint import find_latest_checkpoint
+        from verl_async.trainer.checkpoint import latest_checkpoint
 
         mode = str(self.cfg.trainer.resume_mode)
         if mode == "disable":
@@ -130,7 +130,7 @@ class Trainer:
             return str(self.cfg.trainer.resume_from_path)
         if mode != "auto":  # a path given directly
             return mode
-        return find_latest_checkpoint(str(self.cfg.trainer.default_local_dir))
+        return latest_checkpoint(str(self.cfg.trainer.default_local_dir))
 
     def restore(self) -> int:
         """Load the latest (or given) checkpoint: weights, queue, cursor; returns the version to push."""
@@ -238,8 +238,22 @@ class Trainer:
             metrics.update(self._pipeline_metrics())
             self.last = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             self.tracker.log(metrics, step=self.version)
-        self.tracker.close()
         return self.summary()
+
+    def finish(self) -> dict[str, float]:
+        """After the last step: put the final weights on the engines, validate, checkpoint."""
+        if self.wg is None:
+            return {}
+        if self.step % self.trigger != 0:  # the last updates are not on the engines yet
+            self.version += 1
+            self.push_weights(with_hooks=False)
+        metrics = self.validate() if self.test_freq != 0 else {}
+        if self.save_freq > 0 and self.step > 0:
+            self.save_checkpoint()
+        return metrics
+
+    def close(self) -> None:
+        self.tracker.close()
 
     def summary(self) -> dict[str, Any]:
         wall = time.monotonic() - self.started

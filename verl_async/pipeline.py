@@ -1,0 +1,222 @@
+"""The whole run on one screen: Ray, queue, Rollouter, Trainer, sync, wait.
+
+`run(cfg)` is what `python -m recipe.fully_async_main` calls after validation. Every
+actor is a plain class wrapped by Ray here (the only place that knows about actor
+options); if either side dies the other is stopped and the root cause is raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Optional
+
+import ray
+from omegaconf import DictConfig, OmegaConf
+
+from verl_async.models.builtin import resolve_model_path
+from verl_async.models.loading import load_tokenizer
+from verl_async.queue import MessageQueue
+from verl_async.rollout.service import RolloutService, required_samples
+from verl_async.rollout.staleness import max_required_samples
+from verl_async.trainer.trainer import Trainer, load_rollout_groups
+from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
+
+logger = logging.getLogger("verl_async")
+
+WORKER_GROUPS = {
+    "fsdp": "verl_async.trainer.worker_group:FSDPWorkerGroup",
+    "fsdp2": "verl_async.trainer.worker_group:FSDPWorkerGroup",
+    "megatron": "verl_async.trainer.megatron.worker_group:MegatronWorkerGroup",
+}
+
+
+class PipelineError(RuntimeError):
+    """One side of the pipeline failed; the message carries the root cause."""
+
+
+def build_worker_group(cfg: Any) -> Any:
+    import importlib
+
+    strategy = str(cfg.actor_rollout_ref.actor.strategy)
+    if strategy not in WORKER_GROUPS:
+        raise ValueError(f"actor_rollout_ref.actor.strategy: unknown {strategy!r}; available: {sorted(WORKER_GROUPS)}")
+    module, _, name = WORKER_GROUPS[strategy].partition(":")
+    group = getattr(importlib.import_module(module), name)(cfg)
+    group.init()
+    return group
+
+
+class TrainerHost(Trainer):
+    """The Trainer actor: builds its worker group (unless rollout-only) in its own process."""
+
+    def __init__(self, cfg: Any, queue: Any, rollouter: Any, *, run_dir: str, run_start: float, pad_token_id: int) -> None:
+        debug = cfg.debug
+        load = debug.get("load_rollout_data")
+        wg = None if debug.get("rollout_only") else build_worker_group(cfg)
+        super().__init__(
+            cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=pad_token_id,
+            worker_group=wg, group_source=load_rollout_groups(str(load)) if load else None,
+        )
+
+    def shutdown(self) -> None:
+        self.close()
+        if self.wg is not None:
+            self.wg.shutdown()
+
+
+def ray_init(cfg: Any) -> bool:
+    """Join the configured cluster, or start a local one bound to localhost with token auth on.
+
+    Returns True when this process started Ray (and should shut it down).
+    """
+    if ray.is_initialized():
+        return False
+    address = cfg.ray_init.get("address") or os.environ.get("RAY_ADDRESS")
+    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0")}
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        return True
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    num_cpus = cfg.ray_init.get("num_cpus")
+    ray.init(
+        num_cpus=None if num_cpus is None else int(num_cpus),
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": env},
+        log_to_driver=True,
+        logging_level=logging.WARNING,
+    )
+    return True
+
+
+def _actor_cls(cls: type, **options: Any):
+    return ray.remote(cls).options(**options)
+
+
+def _root_cause(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None)
+    while getattr(cause, "cause", None) is not None:
+        cause = cause.cause
+    return f"{type(cause or exc).__name__}: {cause or exc}"
+
+
+def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show_progress: bool = True, total_steps: Optional[int] = None) -> dict[str, Any]:
+    """Wait for rollouter and trainer; the first failure stops the other and is raised."""
+    from tqdm import tqdm
+
+    pending = dict(refs)
+    results: dict[str, Any] = {}
+    bar = tqdm(total=total_steps, desc="training", unit="step", dynamic_ncols=True, disable=not show_progress)
+    last_step = 0
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending.values()), timeout=1.0)
+            for ref in ready:
+                name = next(k for k, v in pending.items() if v == ref)
+                del pending[name]
+                try:
+                    results[name] = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - re-raised with the root cause below
+                    for other, handle in stoppers.items():
+                        if other != name and handle is not None:
+                            try:
+                                handle.stop.remote()
+                            except Exception:  # noqa: BLE001 - it may be dead too
+                                pass
+                    raise PipelineError(f"the {name} failed: {_root_cause(exc)}") from exc
+            try:
+                prog = ray.get(trainer.progress.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - a dead trainer shows up in ray.wait next round
+                continue
+            step = int(prog.get("step", 0))
+            bar.update(step - last_step)
+            last_step = step
+            bar.set_postfix(
+                v=int(prog.get("version", 0)),
+                reward=f"{prog.get('critic/score/mean', 0.0):.3f}",
+                stale=f"{prog.get('fully_async/staleness/mean', 0.0):.2f}",
+                tok_s=f"{prog.get('perf/trained_tokens_per_s', 0.0):.0f}",
+            )
+    finally:
+        bar.close()
+    return results
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    run_start = time.time()
+    debug = cfg.debug
+    model_path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
+    cfg = OmegaConf.merge(cfg, {"actor_rollout_ref": {"model": {"path": model_path}}})
+    run_dir = os.path.abspath(str(cfg.trainer.default_local_dir))
+    os.makedirs(run_dir, exist_ok=True)
+    OmegaConf.save(cfg, os.path.join(run_dir, "config.yaml"))
+    started_ray = ray_init(cfg)
+    try:
+        return _run(cfg, model_path, run_dir, run_start, debug)
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) -> dict[str, Any]:
+    tokenizer = load_tokenizer(model_path, trust_remote_code=bool(cfg.actor_rollout_ref.model.trust_remote_code))
+    train_only = bool(debug.get("train_only")) or bool(debug.get("load_rollout_data"))
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    limit = max_required_samples(
+        required_samples(cfg), int(cfg.async_training.trigger_parameter_sync_step),
+        float(cfg.async_training.staleness_threshold),
+    )
+    capacity = int(cfg.async_training.get("queue_capacity") or limit)
+    queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(capacity, n)
+    rollouter = None
+    if not train_only:
+        rollouter = _actor_cls(RolloutService, num_cpus=0.2, max_concurrency=1000).remote(
+            cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start
+        )
+    trainer = _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4).remote(
+        cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id)
+    )
+    version = ray.get(trainer.restore.remote())
+    ray.get(trainer.push_weights.remote(False))  # version `version` on every replica
+    before = {}
+    if rollouter is not None and bool(cfg.trainer.val_before_train):
+        before = ray.get(trainer.validate.remote())
+        print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
+    total_steps = None
+    if rollouter is not None:
+        total_steps = max(1, -(-int(ray.get(rollouter.total_prompts.remote())) // required_samples(cfg)))
+    refs = {"trainer": trainer.run.remote()}
+    if rollouter is not None:
+        refs["rollouter"] = rollouter.run.remote()
+    results = wait_both(refs, trainer, {"trainer": trainer, "rollouter": rollouter}, total_steps=total_steps)
+    after = ray.get(trainer.finish.remote()) if rollouter is not None else {}
+    if after:
+        print(f"validation after training (version {results['trainer']['version']}): {_fmt(after)}", flush=True)
+    summary = _summarise(run_dir, results, before, after, time.time() - run_start)
+    ray.get(trainer.shutdown.remote())
+    return summary
+
+
+def _fmt(metrics: dict[str, float]) -> str:
+    keys = [k for k in metrics if k.startswith("val/mean@") or k.startswith("val/pass@")]
+    return ", ".join(f"{k}={metrics[k]:.3f}" for k in sorted(keys))
+
+
+def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: float) -> dict[str, Any]:
+    timeline_path = os.path.join(run_dir, "timeline.jsonl")
+    summary: dict[str, Any] = {"wall_s": wall, "run_dir": run_dir, "val_before": before, "val_after": after}
+    summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items() if k != "validation"})
+    if os.path.exists(timeline_path):
+        spans = read_spans(timeline_path)
+        html = render_timeline_html(spans, os.path.join(run_dir, "timeline.html"))
+        summary["timeline"] = html
+        summary["rollout_busy_fraction"] = busy_fraction(spans, "rollout/replica", ("generate",), wall)
+        summary["trainer_busy_fraction"] = busy_fraction(spans, "trainer/driver", ("train", "logprob"), wall)
+    print(
+        f"done in {wall:.1f}s: {summary.get('trainer/steps', 0)} steps, version {summary.get('trainer/version', 0)}, "
+        f"outputs in {run_dir} (tensorboard/, timeline.html, rollout/lengths.jsonl)",
+        flush=True,
+    )
+    return summary
