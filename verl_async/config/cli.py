@@ -5,7 +5,7 @@ Two small adjustments make verl launch scripts work unchanged:
 * `--config-path=config` run from the repository root names the repository's
   `config/` folder. Hydra would resolve it against the folder of the entry module
   (`recipe/`), so a relative config path is made absolute: against the current
-  folder when it exists there, else against the repository root.
+  folder when it exists there, else against the folder that holds config/.
 * A plain `a.b=v` override of a key that the YAML does not define would make Hydra
   stop with a multi-line message. Dotted overrides are passed as `++a.b=v` (set or
   add), so an unknown key reaches `validate()`, which names it in one line (and
@@ -16,13 +16,24 @@ Two small adjustments make verl launch scripts work unchanged:
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "config"
 DEFAULT_CONFIG_NAME = "fully_async_ppo_trainer"
 MEGATRON_CONFIG_NAME = "fully_async_ppo_megatron_trainer"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _find_config_dir() -> Path:
+    """The repository's config/ (source tree, editable install), else the installed copy."""
+    for candidate in (REPO_ROOT / "config", Path(sys.prefix) / "share" / "verl_async" / "config"):
+        if (candidate / f"{DEFAULT_CONFIG_NAME}.yaml").is_file():
+            return candidate
+    return REPO_ROOT / "config"
+
+
+CONFIG_DIR = _find_config_dir()
 
 _CONFIG_PATH_FLAGS = ("--config-path", "-cp")
 
@@ -42,7 +53,7 @@ def relax_overrides(overrides: Iterable[str]) -> List[str]:
 def _absolute_config_path(path: str, cwd: Optional[str] = None) -> str:
     if os.path.isabs(path) or path.startswith("pkg://"):
         return path
-    for base in (Path(cwd or os.getcwd()), REPO_ROOT):
+    for base in (Path(cwd or os.getcwd()), CONFIG_DIR.parent):
         if (base / path).is_dir():
             return str((base / path).resolve())
     return path  # Hydra reports it as not found
