@@ -1,0 +1,122 @@
+"""MessageQueue: the only link between Rollouter and Trainer.
+
+A bounded FIFO of complete groups (`RolloutSample`). It never drops: a put into a
+full queue waits (back-pressure on the Rollouter), a get waits for enough groups or
+a timeout. It is a plain asyncio class; `recipe` wraps it as an async Ray actor, and
+tests drive it in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass
+from typing import Optional
+
+from verl_async.protocol import RolloutSample
+
+
+class QueueClosed(RuntimeError):
+    """Put into a closed queue (the run is stopping)."""
+
+
+@dataclass
+class QueueStats:
+    size: int
+    capacity: int
+    produced: int
+    consumed: int
+    closed: bool
+    put_wait_s: float  # total time producers spent blocked on a full queue
+    get_wait_s: float  # total time consumers spent waiting for groups
+
+
+class MessageQueue:
+    def __init__(self, capacity: int, group_size: Optional[int] = None) -> None:
+        if capacity < 1:
+            raise ValueError(f"MessageQueue capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.group_size = group_size
+        self._items: collections.deque[RolloutSample] = collections.deque()
+        self._cond = asyncio.Condition()
+        self._closed = False
+        self._produced = 0
+        self._consumed = 0
+        self._put_wait = 0.0
+        self._get_wait = 0.0
+
+    async def put(self, sample: RolloutSample, timeout: Optional[float] = None) -> None:
+        """Append one complete group; waits while the queue is full.
+
+        Raises QueueClosed if the queue is (or gets) closed, TimeoutError on timeout.
+        """
+        if self.group_size is not None:
+            sample.validate(self.group_size)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        async with self._cond:
+            try:
+                await asyncio.wait_for(
+                    self._cond.wait_for(lambda: self._closed or len(self._items) < self.capacity), timeout
+                )
+            finally:
+                self._put_wait += loop.time() - start
+            if self._closed:
+                raise QueueClosed("MessageQueue is closed")
+            self._items.append(sample)
+            self._produced += 1
+            self._cond.notify_all()
+
+    async def get_batch(self, count: int, timeout: Optional[float] = None) -> list[RolloutSample]:
+        """Take exactly `count` groups in FIFO order.
+
+        Returns fewer only when the queue is closed and drained (the run's end);
+        raises TimeoutError if `count` groups do not arrive in time (nothing is taken).
+        """
+        if count < 1:
+            raise ValueError(f"get_batch count must be >= 1, got {count}")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        async with self._cond:
+            try:
+                await asyncio.wait_for(
+                    self._cond.wait_for(lambda: self._closed or len(self._items) >= count), timeout
+                )
+            finally:
+                self._get_wait += loop.time() - start
+            take = min(count, len(self._items))
+            batch = [self._items.popleft() for _ in range(take)]
+            self._consumed += take
+            self._cond.notify_all()
+            return batch
+
+    async def close(self) -> None:
+        """No more puts; waiting getters return what is left."""
+        async with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def size(self) -> int:
+        return len(self._items)
+
+    def stats(self) -> QueueStats:
+        return QueueStats(
+            size=len(self._items),
+            capacity=self.capacity,
+            produced=self._produced,
+            consumed=self._consumed,
+            closed=self._closed,
+            put_wait_s=self._put_wait,
+            get_wait_s=self._get_wait,
+        )
+
+    def snapshot(self) -> list[dict]:
+        """The queued groups as plain dicts (for checkpoints: nothing lost on resume)."""
+        return [s.to_dict() for s in self._items]
+
+    async def restore(self, samples: list[dict]) -> None:
+        """Put back groups from a checkpoint, ahead of anything new (keeps FIFO order)."""
+        async with self._cond:
+            restored = [RolloutSample.from_dict(d) for d in samples]
+            self._items.extendleft(reversed(restored))
+            self._cond.notify_all()
