@@ -110,6 +110,16 @@ def test_derived_quantities():
     assert trainer_dp_size(meg) == 2
 
 
+def test_verl_fsdp_runs_as_fsdp2(caplog):
+    reset_compat_warnings()
+    with caplog.at_level(logging.WARNING, logger="verl_async.config"):
+        cfg = check(["actor_rollout_ref.actor.strategy=fsdp"])
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" == cfg.actor_rollout_ref.ref.strategy
+    assert [r.getMessage() for r in caplog.records] == [
+        "actor_rollout_ref.actor.strategy=fsdp runs as fsdp2 (FSDP1 is not supported)"
+    ]
+
+
 def test_debug_load_implies_train_only(tmp_path):
     cfg = check([f"debug.load_rollout_data='{tmp_path}/r_{{rollout_id}}.pt'"])
     assert cfg.debug.train_only is True

@@ -105,21 +105,23 @@ def _why(key: str) -> str:
     return ""
 
 
+def warn_once(key: str, message: str) -> bool:
+    """Log `message` unless a warning about `key` was logged before in this process."""
+    if key in _warned:
+        return False
+    _warned.add(key)
+    log.warning(message)
+    return True
+
+
 def warn_compat_keys(cfg: DictConfig) -> List[str]:
     """Log one warning per compatibility-only key set in `cfg` (once per process); return them."""
     fresh = []
     for key, value in compat_keys_set(cfg):
-        if key in _warned:
-            continue
-        _warned.add(key)
-        fresh.append(key)
         why = _why(key)
-        log.warning(
-            "%s=%r is accepted for verl compatibility but not used by verl_async%s",
-            key,
-            value,
-            f" ({why})" if why else "",
-        )
+        message = f"{key}={value!r} is accepted for verl compatibility but not used by verl_async"
+        if warn_once(key, message + (f" ({why})" if why else "")):
+            fresh.append(key)
     return fresh
 
 

@@ -30,8 +30,10 @@ def required_samples(cfg: Any) -> int:
 
 def max_required_samples(cfg: Any) -> int:
     """Most groups the Rollouter may produce per parameter version (verl's formula)."""
+    from verl_async.rollout import staleness
+
     at = cfg.async_training
-    return int(required_samples(cfg) * at.trigger_parameter_sync_step * (1 + at.staleness_threshold))
+    return staleness.max_required_samples(required_samples(cfg), at.trigger_parameter_sync_step, at.staleness_threshold)
 
 
 def rollout_replicas(cfg: Any) -> int:

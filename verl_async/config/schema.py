@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from verl_async.utils.tracking import SUPPORTED_LOGGERS as LOGGERS
+
 # Allowed values. Other modules (algos, reward, rollout) may import these lists.
 ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -28,9 +30,8 @@ ROLLOUT_DTYPES = ("bfloat16", "float16", "float32", "bf16", "fp16", "fp32")
 TRUNCATIONS = ("error", "left", "right", "middle")
 DEVICES = ("cuda", "npu", "cpu")  # == verl_async.utils.device.DEVICE_KINDS (not imported: it pulls in torch)
 RESUME_MODES = ("auto", "disable", "resume_path")
-STRATEGIES = ("fsdp", "fsdp2", "megatron")
+STRATEGIES = ("fsdp", "fsdp2", "megatron")  # fsdp (verl's FSDP1) runs as fsdp2
 SYNC_TRANSPORTS = ("object_store", "nccl", "hccl")
-LOGGERS = ("console", "tensorboard", "wandb")
 REWARD_MANAGERS = ("naive", "dapo")
 LR_SCHEDULERS = ("constant", "cosine")
 MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")

@@ -19,7 +19,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from verl_async.config import schema as S
 from verl_async.config.checks import CHECKS
-from verl_async.config.compat import ALIASES, warn_compat_keys
+from verl_async.config.compat import ALIASES, warn_compat_keys, warn_once
 from verl_async.config.errors import ConfigError
 
 _MISSING = object()
@@ -150,6 +150,9 @@ def _normalize(cfg: DictConfig) -> None:
             raise ConfigError(src, f"{value!r} conflicts with {dst}={current!r}; set only one")
         OmegaConf.update(cfg, dst, value)
     actor = cfg.actor_rollout_ref.actor
+    if actor.strategy == "fsdp":  # verl's FSDP1; verl_async has FSDP2 only
+        warn_once("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.strategy=fsdp runs as fsdp2 (FSDP1 is not supported)")
+        actor.strategy = cfg.actor_rollout_ref.ref.strategy = "fsdp2"
     if actor.optim.warmup_style is not None:  # verl: the old name wins when set
         actor.optim.lr_scheduler_type = actor.optim.warmup_style
     for side in ("clip_ratio_low", "clip_ratio_high"):
