@@ -212,7 +212,6 @@ BAD = [
     (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "n >= 2"),
     (["async_training.queue_capacity=2"], "async_training.queue_capacity", "one trainer step of 4"),
     (["trainer.resume_mode=resume_path"], "trainer.resume_from_path", "must be set"),
-    (["trainer.save_freq=0"], "trainer.save_freq", "-1"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "actor_rollout_ref.rollout.tensor_model_parallel_size",
      "rollout's 1 devices"),
     (["actor_rollout_ref.rollout.max_model_len=100"], "actor_rollout_ref.rollout.max_model_len", "prompt_length"),

@@ -144,6 +144,10 @@ def _cfg(tmp_path, model_dir, train, extra=()):
 def test_preflight_counts_rows(tmp_path, tiny_model_dir):
     train = write_parquet(tmp_path / "t.parquet", 5)
     assert preflight(_cfg(tmp_path, tiny_model_dir, train))["rows"] == {"train": 5, "val": None}
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    write_parquet(folder / "a.parquet", 3), write_parquet(folder / "b.parquet", 4)
+    assert preflight(_cfg(tmp_path, tiny_model_dir, f"[{folder},{train}]"))["rows"]["train"] == 12
 
 
 @pytest.mark.parametrize(
@@ -152,6 +156,7 @@ def test_preflight_counts_rows(tmp_path, tiny_model_dir):
         ("too_few_rows", "actor_rollout_ref.actor.ppo_mini_batch_size", "only 3 rows"),
         ("no_prompt_column", "data.train_files", "no column 'prompt'"),
         ("not_parquet", "data.train_files", "not a readable parquet file"),
+        ("empty_folder", "data.train_files", "holds no .parquet file"),
         ("empty_model_folder", "actor_rollout_ref.model.path", "no config.json"),
         ("npu_missing", "trainer.device", "torch_npu"),
     ],
@@ -162,6 +167,9 @@ def test_preflight_errors_name_the_key(tmp_path, tiny_model_dir, case, key, word
                           prompt_key="question" if case == "no_prompt_column" else "prompt")
     if case == "not_parquet":
         (tmp_path / "t.parquet").write_text("not parquet")
+    if case == "empty_folder":
+        train = str(tmp_path / "nothing_here")
+        os.makedirs(train)
     if case == "empty_model_folder":
         model = str(tmp_path / "empty")
         os.makedirs(model)

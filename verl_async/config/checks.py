@@ -185,14 +185,6 @@ def lengths(cfg: DictConfig) -> None:
         )
 
 
-@check
-def frequencies(cfg: DictConfig) -> None:
-    for key in ("trainer.save_freq", "trainer.test_freq", "rollout.test_freq"):
-        value = OmegaConf.select(cfg, key)
-        if value == 0 or value < -1:
-            raise ConfigError(key, f"must be a positive number of steps, or -1 to turn it off; got {value}")
-
-
 # --------------------------------------------------------------------------- devices
 @check
 def sync_transport(cfg: DictConfig) -> None:
