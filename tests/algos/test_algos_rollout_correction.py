@@ -1,0 +1,157 @@
+"""Rollout correction (TIS/MIS): hand cases per level/mode, RS, veto, batch norm, bounds."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verl_async.algos import rollout_correction
+
+E = math.e
+OLD = torch.zeros(2, 3)
+ROLLOUT = torch.tensor([[0.0, -1.0, 1.0], [-0.5, 0.0, 0.0]])
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+# r = old - rollout = [[0, 1, -1], [0.5, 0, pad]]
+
+
+def _t(rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_token_truncate():
+    w, m, met = rollout_correction(OLD, ROLLOUT, MASK)
+    torch.testing.assert_close(w, _t([[1.0, 2.0, 1 / E], [math.exp(0.5), 1.0, 0.0]]))
+    assert torch.equal(m, MASK)
+    assert met["truncate_frac"] == pytest.approx(1 / 5)
+
+
+def test_sequence_and_geometric_levels():
+    w, _, _ = rollout_correction(OLD, ROLLOUT, MASK, level="sequence", upper=None)
+    torch.testing.assert_close(w, _t([[1.0, 1.0, 1.0], [math.exp(0.5), math.exp(0.5), 0.0]]))
+    w, _, _ = rollout_correction(OLD, ROLLOUT, MASK, level="geometric")
+    torch.testing.assert_close(w, _t([[1.0, 1.0, 1.0], [math.exp(0.25), math.exp(0.25), 0.0]]))
+
+
+def test_clip_mode_default_lower_is_inverse_upper():
+    w, _, met = rollout_correction(OLD, ROLLOUT, MASK, mode="clip", upper=2.0)
+    torch.testing.assert_close(w, _t([[1.0, 2.0, 0.5], [math.exp(0.5), 1.0, 0.0]]))
+    assert met["clip_frac"] == pytest.approx(2 / 5)
+
+
+def test_mask_mode_keeps_weights_and_drops_tokens():
+    w, m, met = rollout_correction(OLD, ROLLOUT, MASK, mode="mask", lower=0.5, upper=2.0)
+    torch.testing.assert_close(w, _t([[1.0, E, 1 / E], [math.exp(0.5), 1.0, 0.0]]))
+    assert torch.equal(m, torch.tensor([[1, 0, 0], [1, 1, 0]]))
+    assert met["mask_frac"] == pytest.approx(2 / 5)
+    assert met["rejected_token_frac"] == pytest.approx(2 / 5)
+
+
+def test_rejection_sampling_at_sequence_level():
+    w, m, met = rollout_correction(OLD, ROLLOUT, MASK, upper=3.0, rs=True, rs_level="sequence", rs_lower=0.9, rs_upper=1.5)
+    torch.testing.assert_close(w, _t([[1.0, E, 1 / E], [math.exp(0.5), 1.0, 0.0]]))  # IS weights unchanged
+    assert torch.equal(m, torch.tensor([[1, 1, 1], [0, 0, 0]]))  # row 1: seq weight e^0.5 > 1.5
+    assert met["rs_frac"] == pytest.approx(2 / 5)
+    # rs bounds default to the IS bounds [1/upper, upper] at the IS level
+    _, m, _ = rollout_correction(OLD, ROLLOUT, MASK, upper=2.0, rs=True)
+    assert torch.equal(m, torch.tensor([[1, 0, 0], [1, 1, 0]]))
+
+
+def test_veto_drops_whole_sequence():
+    _, m, met = rollout_correction(OLD, ROLLOUT, MASK, veto_threshold=math.exp(-0.5))
+    assert torch.equal(m, torch.tensor([[0, 0, 0], [1, 1, 0]]))  # row 0 holds r = -1 < -0.5
+    assert met["veto_frac"] == pytest.approx(1 / 2)
+
+
+def test_batch_normalize():
+    w, _, _ = rollout_correction(OLD, ROLLOUT, MASK, batch_normalize=True)
+    raw = [1.0, 2.0, 1 / E, math.exp(0.5), 1.0]
+    mean = sum(raw) / 5
+    torch.testing.assert_close(w, _t([[1 / mean, 2 / mean, 1 / E / mean], [math.exp(0.5) / mean, 1 / mean, 0.0]]))
+    assert float(w[MASK.bool()].mean()) == pytest.approx(1.0)
+    w, _, _ = rollout_correction(OLD, ROLLOUT, MASK, level="sequence", batch_normalize=True)
+    seq_mean = (1.0 + math.exp(0.5)) / 2  # mean over sequences, not tokens
+    torch.testing.assert_close(w, _t([[1 / seq_mean] * 3, [math.exp(0.5) / seq_mean] * 2 + [0.0]]))
+
+
+def test_metrics():
+    _, _, met = rollout_correction(OLD, ROLLOUT, MASK)
+    assert met["train_rollout_logprob_abs_diff"] == pytest.approx((0 + 1 + 1 + 0.5 + 0) / 5)
+    # r' = rollout - old = [0, -1, 1, -0.5, 0]
+    k3 = (0 + (math.exp(-1) + 1 - 1) + (E - 1 - 1) + (math.exp(-0.5) + 0.5 - 1) + 0) / 5
+    assert met["k3_kl"] == pytest.approx(k3, rel=1e-5)
+    assert met["kl"] == pytest.approx((0 - 1 + 1 - 0.5 + 0) / 5)
+    assert met["training_ppl"] == pytest.approx(1.0)
+    assert met["rollout_ppl"] == pytest.approx((1.0 + math.exp(0.25)) / 2)
+    assert met["weight_max"] == pytest.approx(2.0) and met["weight_min"] == pytest.approx(1 / E)
+
+
+def test_no_gradient_and_on_policy_identity():
+    old = torch.randn(2, 4, requires_grad=True)
+    w, m, met = rollout_correction(old, old.detach().clone(), torch.ones(2, 4), batch_normalize=True)
+    assert not w.requires_grad
+    torch.testing.assert_close(w, torch.ones(2, 4))
+    assert met["k3_kl"] == 0.0 and met["train_rollout_logprob_abs_diff"] == 0.0
+
+
+def test_all_zero_mask_defined():
+    w, m, met = rollout_correction(OLD, ROLLOUT, torch.zeros(2, 3), rs=True, veto_threshold=1e-4, batch_normalize=True)
+    assert float(w.abs().sum()) == 0.0 and float(m.sum()) == 0.0
+    assert all(math.isfinite(v) for v in met.values())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"level": "tok"}, "level"),
+        ({"mode": "cut"}, "mode"),
+        ({"rs": True, "rs_level": "seq"}, "rs_level"),
+        ({"level": "geometric", "batch_normalize": True}, "batch_normalize"),
+        ({"lower": 3.0, "upper": 2.0}, "lower"),
+        ({"upper": 0.0}, "upper"),
+        ({"veto_threshold": 0.0}, "veto_threshold"),
+    ],
+)
+def test_bad_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        rollout_correction(OLD, ROLLOUT, MASK, **kwargs)
+
+
+def test_bad_tensors():
+    with pytest.raises(ValueError, match="rollout_logp"):
+        rollout_correction(OLD, torch.zeros(2, 4), MASK)
+    with pytest.raises(ValueError, match="rollout_logp"):
+        rollout_correction(OLD, _t([[0.0, float("nan"), 0.0], [0.0, 0.0, 0.0]]), MASK)
+    rollout_correction(OLD, _t([[0.0, 0.0, 0.0], [0.0, 0.0, float("nan")]]), MASK)  # NaN on padding is fine
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["token", "sequence", "geometric"]),
+    st.sampled_from(["truncate", "clip", "mask"]),
+    st.floats(1.01, 10.0),
+    st.booleans(),
+    st.sampled_from([None, 1e-4, 0.5]),
+)
+def test_weights_within_bounds(seed, level, mode, upper, rs, veto):
+    g = torch.Generator().manual_seed(seed)
+    B, T = 5, 6
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    old = -3 * torch.rand(B, T, generator=g)
+    rollout = old + torch.randn(B, T, generator=g)
+    w, m, met = rollout_correction(old, rollout, mask, level=level, mode=mode, upper=upper, rs=rs, veto_threshold=veto)
+    lo = 1 / upper
+    assert torch.isfinite(w).all() and float(w[mask == 0].abs().sum()) == 0.0
+    assert bool(((m == 0) | (mask == 1)).all())  # the mask only ever shrinks
+    valid, kept = mask.bool(), m.bool()
+    if mode == "truncate":
+        assert bool((w[valid] <= upper + 1e-5).all())
+    if mode == "clip":
+        assert bool(((w[valid] >= lo - 1e-6) & (w[valid] <= upper + 1e-5)).all())
+    if mode == "mask" or rs:
+        assert bool(((w[kept] >= lo - 1e-6) & (w[kept] <= upper + 1e-5)).all())
+    for v in met.values():
+        assert math.isfinite(v)

@@ -1,0 +1,84 @@
+"""A real InferenceEngine without a model: random-length responses with per-token delays.
+
+Used by the pipeline invariant tests (group atomicity, staleness, partial rollout) to
+drive the Rollouter's real scheduling code with random engine delays, fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
+
+
+class FakeEngine(InferenceEngine):
+    def __init__(self, *, max_len: int = 12, token_delay: float = 0.001, seed: int = 0, fail_every: int = 0) -> None:
+        self.max_len = max_len
+        self.token_delay = token_delay
+        self.rng = random.Random(seed)
+        self._version = 0
+        self._running: dict[str, asyncio.Event] = {}
+        self._paused = asyncio.Event()
+        self._paused.set()
+        self.fail_every = fail_every
+        self.calls = 0
+        self.weights: dict[str, torch.Tensor] = {}
+        self.generated = 0
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.calls += 1
+        if self.fail_every and self.calls % self.fail_every == 0:
+            return GenerateResult(request.request_id, [], [], [], "abort", error="injected failure")
+        abort = asyncio.Event()
+        self._running[request.request_id] = abort
+        tokens = list(request.prefix_token_ids)
+        logps = list(request.prefix_log_probs)
+        versions = list(request.prefix_versions)
+        target = self.rng.randint(1, self.max_len)
+        try:
+            while True:
+                if len(tokens) >= request.sampling.max_tokens:
+                    reason = "length"
+                    break
+                if len(tokens) >= target:
+                    reason = "stop"
+                    break
+                await self._paused.wait()
+                await asyncio.sleep(self.token_delay * self.rng.random() * 2)
+                if abort.is_set():
+                    reason = "abort"
+                    break
+                tokens.append(len(tokens) % 7 + 1)
+                logps.append(-0.5)
+                versions.append(self._version)
+                self.generated += 1
+        finally:
+            self._running.pop(request.request_id, None)
+        return GenerateResult(request.request_id, tokens, logps, versions, reason)
+
+    async def abort(self, request_ids: Optional[Sequence[str]] = None) -> None:
+        for rid, ev in list(self._running.items()):
+            if request_ids is None or rid in request_ids:
+                ev.set()
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        for name, t in named_tensors:
+            self.weights[name] = t
+        self._version = version
+
+    async def pause(self) -> None:
+        self._paused.clear()
+
+    async def resume(self) -> None:
+        self._paused.set()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self._running), version=self._version)
+
+    @property
+    def version(self) -> int:
+        return self._version

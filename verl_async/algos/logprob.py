@@ -1,0 +1,193 @@
+"""Log-prob of chosen tokens and entropy from logits, chunked over tokens.
+
+Convention shared with the rollout engines (verl_async/rollout/engine.py):
+
+    logp[i] = log_softmax(logits[i].float() / temperature)[labels[i]]
+
+computed in float32 (float64 stays float64), top-k/top-p NOT renormalised;
+temperature 0 or None means 1 (greedy sampling reports T=1 log-probs). Entropy is
+that of the same temperature-scaled distribution, `H = -sum p log p`.
+
+Memory. A naive `log_softmax(logits.float())` holds `N x V` float32 (32k tokens x
+152k vocab = 19.9 GB), and autograd keeps it for backward. Here a custom autograd
+function works on `chunk_size` rows at a time in forward AND backward (it recomputes
+the softmax of a chunk from the saved logits and log-sum-exp), so the extra memory
+is two float32 chunk buffers in forward (three in backward), allocated once and
+reused; backward writes the logits' gradient (same dtype as the
+logits, unavoidable) chunk by chunk. Inputs with a non-contiguous layout are copied
+once (in their own dtype) by the flattening reshape.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_tensor
+
+# Working-buffer budget per chunk when chunk_size is None: 256 MiB of float32.
+DEFAULT_CHUNK_BYTES = 1 << 28
+
+
+def normalize_temperature(temperature: float | None) -> float:
+    """0 or None -> 1.0 (greedy reports T=1 log-probs); refuses negative / non-finite."""
+    if temperature is None:
+        return 1.0
+    t = float(temperature)
+    if not (t == t and abs(t) != float("inf")) or t < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    return 1.0 if t == 0 else t
+
+
+def _chunk_rows(chunk_size: int | None, vocab: int) -> int:
+    if chunk_size is None:
+        return max(1, DEFAULT_CHUNK_BYTES // (4 * max(vocab, 1)))
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+    return int(chunk_size)
+
+
+class _Buffers:
+    """Chunk work buffers allocated once and reused: on CPU a fresh 256 MiB tensor per
+    chunk is a fresh mmap, and page-faulting it in again every chunk costs more system
+    time than the math (GPU caching allocators hide this; reuse is right for both)."""
+
+    def __init__(self, rows: int, vocab: int, dtype: torch.dtype, device: torch.device):
+        self.shape, self.dtype, self.device = (rows, vocab), dtype, device
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, rows: int) -> torch.Tensor:
+        if name not in self._bufs:
+            self._bufs[name] = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        return self._bufs[name][:rows]
+
+    def scaled(self, chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+        """`chunk.to(dtype) / temperature`; the chunk itself when that is a no-op (never
+        written to)."""
+        if chunk.dtype == self.dtype and temperature == 1.0:
+            return chunk
+        x = self.get("x", chunk.shape[0]).copy_(chunk)
+        return x.div_(temperature) if temperature != 1.0 else x
+
+
+class _ChunkedLogProbEntropy(torch.autograd.Function):
+    """Forward: per chunk, log-sum-exp, chosen-token log-prob and/or entropy.
+    Backward: recompute p = exp(x - lse) per chunk;
+    d logp/dx = onehot(label) - p,  dH/dx = p * (E_p[x] - x),  then / temperature."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature, chunk, with_logp, with_entropy):  # type: ignore[override]
+        n, vocab = logits.shape
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        bufs = _Buffers(min(chunk, n), vocab, dtype, logits.device)
+        lse = torch.empty(n, dtype=dtype, device=logits.device)
+        logp = torch.empty(n, dtype=dtype, device=logits.device) if with_logp else None
+        ent = torch.empty(n, dtype=dtype, device=logits.device) if with_entropy else None
+        for s in range(0, n, chunk):
+            x = bufs.scaled(logits[s : s + chunk], temperature)
+            m = x.amax(-1, keepdim=True)
+            m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # all -inf rows stay -inf, not NaN
+            e = torch.sub(x, m, out=bufs.get("e", x.shape[0])).exp_()
+            z = e.sum(-1)
+            lse_c = m.squeeze(-1) + z.log()
+            lse[s : s + chunk] = lse_c
+            if with_logp:
+                logp[s : s + chunk] = x.gather(1, labels[s : s + chunk, None]).squeeze(1) - lse_c
+            if with_entropy:
+                # E_p[x] = sum(e * x) / z; 0 * (-inf) for masked vocab entries counts as 0.
+                ent[s : s + chunk] = lse_c - e.mul_(x).nan_to_num_(nan=0.0).sum(-1) / z
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(logits, labels, lse, ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):  # type: ignore[override]
+        logits, labels, lse, ent = ctx.saved_tensors
+        if g_logp is None and g_ent is None:
+            return (None,) * 6
+        temperature, chunk = ctx.temperature, ctx.chunk
+        n, vocab = logits.shape
+        bufs = _Buffers(min(chunk, n), vocab, lse.dtype, logits.device)
+        grad = torch.empty_like(logits)
+        mean_x = (lse - ent) if g_ent is not None else None  # E_p[x] = lse - H
+        for s in range(0, n, chunk):
+            x = bufs.scaled(logits[s : s + chunk], temperature)
+            rows = x.shape[0]
+            p = torch.sub(x, lse[s : s + chunk, None], out=bufs.get("p", rows)).exp_()
+            if g_ent is not None:
+                gx = torch.sub(mean_x[s : s + chunk, None], x, out=bufs.get("g", rows))
+                gx.mul_(p).nan_to_num_(nan=0.0).mul_(g_ent[s : s + chunk, None])
+                if g_logp is not None:
+                    gx.addcmul_(p, g_logp[s : s + chunk, None], value=-1.0)
+            else:
+                gx = p.mul_(-g_logp[s : s + chunk, None])
+            if g_logp is not None:
+                gx.scatter_add_(1, labels[s : s + chunk, None], g_logp[s : s + chunk, None].to(gx.dtype))
+            if temperature != 1.0:
+                gx.div_(temperature)
+            grad[s : s + chunk].copy_(gx)
+        return grad, None, None, None, None, None
+
+
+def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy):
+    check_tensor("logits", logits)
+    if logits.dim() < 1 or not logits.is_floating_point():
+        raise ValueError(f"logits must be a floating tensor [..., V], got {logits.dtype} {tuple(logits.shape)}")
+    vocab = logits.shape[-1]
+    lead = logits.shape[:-1]
+    flat = logits.reshape(-1, vocab)
+    t = normalize_temperature(temperature)
+    chunk = _chunk_rows(chunk_size, vocab)
+    if with_logp:
+        check_tensor("labels", labels)
+        if labels.shape != lead:
+            raise ValueError(f"labels has shape {tuple(labels.shape)} but logits' leading shape is {tuple(lead)}")
+        if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+            raise ValueError(f"labels must be an integer tensor, got {labels.dtype}")
+        flat_labels = labels.reshape(-1).to(device=logits.device, dtype=torch.long)
+        if flat_labels.numel() and (int(flat_labels.min()) < 0 or int(flat_labels.max()) >= vocab):
+            raise ValueError(
+                f"labels must lie in [0, {vocab}) (the vocab size), got min {int(flat_labels.min())} "
+                f"max {int(flat_labels.max())}"
+            )
+    else:
+        flat_labels = torch.zeros(0, dtype=torch.long, device=logits.device)
+    logp, ent = _ChunkedLogProbEntropy.apply(flat, flat_labels, t, chunk, with_logp, with_entropy)
+    return (logp.reshape(lead) if logp is not None else None, ent.reshape(lead) if ent is not None else None)
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0, chunk_size: int | None = None
+) -> torch.Tensor:
+    """`log_softmax(logits.float() / temperature)[labels]`, shape `logits.shape[:-1]`,
+    memory-bounded and differentiable (see module docstring). `chunk_size` is in
+    tokens (rows); None picks ~256 MiB of float32 per chunk."""
+    return _run(logits, labels, temperature, chunk_size, True, False)[0]
+
+
+def entropy_from_logits(
+    logits: torch.Tensor, chunk_size: int | None = None, temperature: float | None = 1.0
+) -> torch.Tensor:
+    """Entropy of `softmax(logits.float() / temperature)` per token, chunked and
+    differentiable."""
+    return _run(logits, None, temperature, chunk_size, False, True)[1]
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0, chunk_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both in one pass over the logits (the trainer's usual call)."""
+    logp, ent = _run(logits, labels, temperature, chunk_size, True, True)
+    return logp, ent
+
+
+def reference_logprobs_and_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The naive full-vocabulary version (materialises N x V float32): the yardstick
+    for tests and the micro-benchmark, not for training."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    logp_all = torch.log_softmax(logits.to(dtype) / normalize_temperature(temperature), dim=-1)
+    logp = logp_all.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, ent

@@ -1,0 +1,258 @@
+"""Reward managers: decode a group's responses, score them, shape the reward.
+
+`naive` scores each response (verl's NaiveRewardManager). `dapo` adds DAPO's soft
+overlong penalty (verl's DAPORewardManager):
+
+    expected = max_resp_len - buffer_len
+    penalty  = min(-(len - expected) / buffer_len * penalty_factor, 0)
+    reward   = score + penalty
+
+with `len` the response length in tokens (the EOS token included, as verl counts
+`valid_response_length`). Configured by `reward_model.reward_kwargs.overlong_buffer_cfg.
+{enable,len,penalty_factor,log}` and `reward_model.reward_kwargs.max_resp_len`.
+
+Scoring never raises because of a response: a scorer that raises, returns garbage or
+passes `reward_model.timeout_s` scores 0, is counted and logged (rate-limited). A
+configuration error (unknown data_source, missing custom function) does raise.
+The manager is plain and synchronous; an asyncio caller wraps `score_group` in
+`asyncio.to_thread` (calls are serialised by the sandbox's lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
+
+from verl_async.reward.registry import FunctionRef, custom_scorer_ref, resolve_scorer
+from verl_async.reward.sandbox import Outcome, ScorerPool, Task, run_inline
+
+logger = logging.getLogger(__name__)
+
+REWARD_MANAGERS = ("naive", "dapo")
+_DEFAULT_FN = FunctionRef(module="verl_async.reward.registry", name="default_compute_score")
+
+
+class Reward(NamedTuple):
+    reward: float
+    info: dict[str, float]
+
+
+@dataclass(frozen=True)
+class OverlongBuffer:
+    buffer_len: int
+    penalty_factor: float
+    max_resp_len: int
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        if self.buffer_len <= 0:
+            raise ValueError(f"reward_model.reward_kwargs.overlong_buffer_cfg.len must be > 0, got {self.buffer_len}")
+        if self.max_resp_len < self.buffer_len:
+            raise ValueError(
+                f"reward_model.reward_kwargs.max_resp_len ({self.max_resp_len}) must be >= "
+                f"overlong_buffer_cfg.len ({self.buffer_len})"
+            )
+
+    def penalty(self, length: int) -> float:
+        expected = self.max_resp_len - self.buffer_len
+        return min(-(length - expected) / self.buffer_len * self.penalty_factor, 0.0)
+
+
+@dataclass
+class RewardStats:
+    scored: int = 0
+    errors: int = 0
+    timeouts: int = 0
+
+
+class RewardManager:
+    def __init__(
+        self,
+        tokenizer: Any = None,
+        *,
+        name: str = "naive",
+        custom_fn: Optional[FunctionRef] = None,
+        custom_kwargs: Optional[Mapping[str, Any]] = None,
+        overlong: Optional[OverlongBuffer] = None,
+        timeout_s: float = 5.0,
+        num_workers: int = 1,
+        log_first: int = 10,
+        log_every: int = 100,
+    ) -> None:
+        if name not in REWARD_MANAGERS:
+            raise ValueError(f"reward_model.reward_manager={name!r}: expected one of {REWARD_MANAGERS}")
+        if not timeout_s > 0:
+            raise ValueError(f"reward_model.timeout_s must be > 0, got {timeout_s}")
+        self.name = name
+        self.tokenizer = tokenizer
+        self.custom_fn = custom_fn
+        self.custom_kwargs = dict(custom_kwargs or {})
+        self.overlong = overlong
+        self.timeout_s = float(timeout_s)
+        self.pool = ScorerPool(num_workers)
+        self.stats = RewardStats()
+        self._stats_lock = threading.Lock()
+        self._log_first, self._log_every = log_first, log_every
+
+    # -- scoring ---------------------------------------------------------------------
+
+    def _task(self, data_source: str, text: str, ground_truth: Any, extra_info: Optional[dict]) -> tuple[Task, bool]:
+        kwargs = dict(data_source=data_source, solution_str=text, ground_truth=ground_truth, extra_info=extra_info)
+        if self.custom_fn is not None:
+            return Task(self.custom_fn, {**kwargs, **self.custom_kwargs}), False
+        bounded = resolve_scorer(data_source).bounded  # raises on an unknown data_source
+        return Task(_DEFAULT_FN, kwargs), bounded
+
+    def score_texts(
+        self,
+        texts: Sequence[str],
+        lengths: Sequence[int],
+        data_source: str,
+        ground_truth: Any,
+        extra_info: Optional[dict] = None,
+    ) -> list[Reward]:
+        """Rewards for decoded responses of one prompt; `lengths` are their token counts."""
+        if len(texts) != len(lengths):
+            raise ValueError(f"score_texts: {len(texts)} texts but {len(lengths)} lengths")
+        if not texts:
+            return []
+        task, bounded = self._task(data_source, texts[0], ground_truth, extra_info)
+        tasks = [Task(task.fn, {**task.kwargs, "solution_str": t}) for t in texts]
+        outcomes = [run_inline(t) for t in tasks] if bounded else self.pool.run(tasks, self.timeout_s)
+        return [self._shape(o, n, data_source, text) for o, n, text in zip(outcomes, lengths, texts)]
+
+    def score_group(
+        self,
+        response_ids: Sequence[Sequence[int]],
+        data_source: str,
+        ground_truth: Any,
+        extra_info: Optional[dict] = None,
+    ) -> list[Reward]:
+        """Rewards for token-id responses of one prompt (decoded without special tokens)."""
+        if self.tokenizer is None:
+            raise ValueError("RewardManager.score_group needs a tokenizer to decode responses")
+        texts = self.tokenizer.batch_decode([list(r) for r in response_ids], skip_special_tokens=True)
+        eos = getattr(self.tokenizer, "eos_token", None)
+        if eos:  # verl's DAPO manager strips a literal EOS left in the text
+            texts = [t[: -len(eos)] if t.endswith(eos) else t for t in texts]
+        return self.score_texts(texts, [len(r) for r in response_ids], data_source, ground_truth, extra_info)
+
+    def score_sample(self, sample: Any) -> Any:
+        """Fill `reward` / `reward_info` of every response of a RolloutSample in place."""
+        rewards = self.score_group(
+            [r.token_ids for r in sample.responses], sample.data_source, sample.ground_truth, sample.extra_info
+        )
+        for response, (reward, info) in zip(sample.responses, rewards):
+            response.reward, response.reward_info = reward, info
+        return sample
+
+    def _shape(self, outcome: Outcome, length: int, data_source: str, text: str) -> Reward:
+        if outcome.ok:
+            info = dict(outcome.value)
+            info.update(reward_error=0.0, reward_timeout=0.0)
+        else:
+            info = {"score": 0.0, "acc": 0.0, "reward_error": 1.0, "reward_timeout": float(outcome.timed_out)}
+        reward = info["score"]
+        if self.overlong is not None:
+            penalty = self.overlong.penalty(length)
+            reward += penalty
+            if self.overlong.log:
+                info.update(overlong_reward=penalty, overlong=float(penalty < 0))
+        self._count(outcome, data_source, text)
+        return Reward(float(reward), info)
+
+    def _count(self, outcome: Outcome, data_source: str, text: str) -> None:
+        with self._stats_lock:
+            self.stats.scored += 1
+            if outcome.ok:
+                return
+            self.stats.errors += 1
+            self.stats.timeouts += int(outcome.timed_out)
+            failures = self.stats.errors
+        if failures <= self._log_first or failures % self._log_every == 0:
+            logger.warning(
+                "reward scorer %s for data_source=%r (scored 0; %d failures so far): %s; response[%d chars]=%r",
+                "timed out" if outcome.timed_out else "failed", data_source, failures, outcome.error,
+                len(text), text[:200],
+            )
+
+    def metrics(self) -> dict[str, float]:
+        with self._stats_lock:
+            return {
+                "reward/scored": float(self.stats.scored),
+                "reward/scorer_errors": float(self.stats.errors),
+                "reward/scorer_timeouts": float(self.stats.timeouts),
+            }
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+# -- construction from config -----------------------------------------------------------
+
+def _plain(cfg: Any) -> dict:
+    if cfg is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(cfg)
+
+
+def overlong_from_kwargs(reward_kwargs: Mapping[str, Any], max_response_length: Optional[int]) -> Optional[OverlongBuffer]:
+    """`reward_model.reward_kwargs` -> OverlongBuffer, or None when the buffer is off."""
+    buf = dict(reward_kwargs.get("overlong_buffer_cfg") or {})
+    if not buf.get("enable", False):
+        return None
+    if buf.get("len") is None:
+        raise ValueError("reward_model.reward_kwargs.overlong_buffer_cfg.len is required when the buffer is enabled")
+    max_resp_len = reward_kwargs.get("max_resp_len", max_response_length)
+    if max_resp_len is None:
+        raise ValueError(
+            "reward_model.reward_kwargs.max_resp_len is required when overlong_buffer_cfg.enable=True"
+        )
+    return OverlongBuffer(
+        buffer_len=int(buf["len"]),
+        penalty_factor=float(buf.get("penalty_factor", 1.0)),
+        max_resp_len=int(max_resp_len),
+        log=bool(buf.get("log", False)),
+    )
+
+
+def build_reward_manager(
+    cfg_reward_model: Any,
+    custom_reward_function_cfg: Any = None,
+    tokenizer: Any = None,
+    *,
+    max_response_length: Optional[int] = None,
+) -> RewardManager:
+    """RewardManager from `reward_model.*` and `custom_reward_function.*` (DictConfig or dict).
+
+    `max_response_length` (data.max_response_length) stands in for a missing
+    `reward_kwargs.max_resp_len`.
+    """
+    rm = _plain(cfg_reward_model)
+    custom = _plain(custom_reward_function_cfg)
+    name = rm.get("reward_manager", "naive")
+    reward_kwargs = dict(rm.get("reward_kwargs") or {})
+    overlong = overlong_from_kwargs(reward_kwargs, max_response_length)
+    if overlong is not None and name != "dapo":
+        raise ValueError(
+            f"reward_model.reward_kwargs.overlong_buffer_cfg.enable=True needs reward_model.reward_manager=dapo "
+            f"(got {name!r})"
+        )
+    return RewardManager(
+        tokenizer,
+        name=name,
+        custom_fn=custom_scorer_ref(custom.get("path"), custom.get("name")),
+        custom_kwargs=custom.get("reward_kwargs") or {},
+        overlong=overlong,
+        timeout_s=float(rm.get("timeout_s", 5.0)),
+        num_workers=int(rm.get("num_workers", 1)),
+    )

@@ -1,0 +1,181 @@
+"""Which scorer answers for a `data_source`, and how a custom scorer is found.
+
+Every scorer here returns a dict with at least `score` (the reward) and `acc`
+(1.0 when the answer is right); `to_score_dict` brings any scorer's return value
+(float, bool, dict) to that shape, so reward managers see one format.
+
+`bounded` marks scorers whose cost is linear in a clipped input (gsm8k, the
+built-in task): they run inline. The others (math: sympy; custom: unknown code)
+run in the reward sandbox with a time limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+
+class UnknownDataSourceError(ValueError):
+    """No scorer is registered for a data_source: a setup error, never scored 0 silently."""
+
+
+@dataclass(frozen=True)
+class ScorerSpec:
+    name: str
+    fn: Callable[[str, Any, Optional[dict]], dict]
+    bounded: bool
+
+
+def _gsm8k(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None) -> dict:
+    from verl_async.reward import gsm8k
+
+    score = gsm8k.compute_score(solution_str, str(ground_truth))
+    return {"score": score, "acc": float(score == 1.0)}
+
+
+def _math(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None) -> dict:
+    from verl_async.reward import math_answer
+
+    score = math_answer.compute_score(solution_str, str(ground_truth))
+    return {"score": score, "acc": score}
+
+
+def _math_dapo(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None) -> dict:
+    from verl_async.reward import math_dapo
+
+    return math_dapo.compute_score(solution_str, str(ground_truth))
+
+
+def _builtin(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None) -> dict:
+    from verl_async.data import builtin
+
+    return builtin.compute_score(solution_str, ground_truth, extra_info)
+
+
+_GSM8K = ScorerSpec("gsm8k", _gsm8k, bounded=True)
+_MATH = ScorerSpec("math", _math, bounded=False)
+_DAPO = ScorerSpec("math_dapo", _math_dapo, bounded=True)
+_BUILTIN = ScorerSpec("builtin", _builtin, bounded=True)
+
+SCORERS: dict[str, ScorerSpec] = {
+    "openai/gsm8k": _GSM8K,
+    "lighteval/MATH": _MATH,
+    "DigitalLearningGmbH/MATH-lighteval": _MATH,
+    "HuggingFaceH4/MATH-500": _MATH,
+    "math_dapo": _DAPO,
+}
+# data_source prefixes (verl: "aime*" is scored like math_dapo)
+PREFIX_SCORERS: dict[str, ScorerSpec] = {"aime": _DAPO, "verl_async/builtin": _BUILTIN}
+
+
+def resolve_scorer(data_source: str) -> ScorerSpec:
+    if data_source in SCORERS:
+        return SCORERS[data_source]
+    for prefix, spec in PREFIX_SCORERS.items():
+        if str(data_source).startswith(prefix):
+            return spec
+    known = sorted(SCORERS) + [p + "*" for p in PREFIX_SCORERS]
+    raise UnknownDataSourceError(
+        f"no reward function for data_source={data_source!r} (known: {', '.join(known)}); "
+        f"set custom_reward_function.path/name to score it"
+    )
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None
+) -> dict:
+    """verl's dispatch: score `solution_str` with the scorer registered for `data_source`."""
+    return resolve_scorer(data_source).fn(solution_str, ground_truth, extra_info)
+
+
+def to_score_dict(raw: Any) -> dict[str, float]:
+    """A scorer's return value as {"score", "acc", other numeric extras}; raise on nonsense.
+
+    A bare number is the score; `acc` defaults to `score > 0`. Non-numeric extras
+    (e.g. the predicted string) are dropped: reward info travels as numbers.
+    """
+    if isinstance(raw, dict):
+        if "score" not in raw:
+            raise ValueError(f"scorer returned a dict without 'score' (keys: {sorted(raw)})")
+        out = {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float))}
+        if not isinstance(raw["score"], (int, float)):
+            raise TypeError(f"scorer returned score of type {type(raw['score']).__name__}, expected a number")
+    elif isinstance(raw, (int, float)):
+        out = {"score": float(raw)}
+    else:
+        raise TypeError(f"scorer returned {type(raw).__name__}, expected a number or a dict with 'score'")
+    if not math.isfinite(out["score"]):
+        raise ValueError(f"scorer returned a non-finite score {out['score']}")
+    out.setdefault("acc", float(out["score"] > 0))
+    return out
+
+
+@dataclass(frozen=True)
+class FunctionRef:
+    """A picklable pointer to a function: an importable module or a .py file, plus a name.
+
+    Sandbox workers load it themselves (functions from a file loaded by path cannot
+    be pickled by reference).
+    """
+
+    name: str
+    module: Optional[str] = None
+    path: Optional[str] = None
+
+    def load(self) -> Callable:
+        key = (self.module, self.path, self.name)
+        fn = _LOADED.get(key)
+        if fn is None:
+            mod = importlib.import_module(self.module) if self.module else _import_file(self.path or "")
+            fn = getattr(mod, self.name)
+            _LOADED[key] = fn
+        return fn
+
+
+_LOADED: dict[tuple, Callable] = {}
+
+
+def _import_file(path: str):
+    mod_name = "verl_async_custom_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path!r} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
+    return module
+
+
+def custom_scorer_ref(path: Optional[str], name: Optional[str]) -> Optional[FunctionRef]:
+    """Check `custom_reward_function.path/name` here, in the caller, and return a reference.
+
+    None when no custom scorer is configured. Errors name the config key.
+    """
+    if not path:
+        return None
+    full = os.path.abspath(os.path.expanduser(str(path)))
+    if not os.path.isfile(full):
+        raise FileNotFoundError(f"custom_reward_function.path={path!r}: no such file")
+    if not name:
+        raise ValueError(
+            f"custom_reward_function.name is missing: name the function in {path!r} that computes the score"
+        )
+    try:
+        module = _import_file(full)
+    except Exception as exc:
+        raise ImportError(f"custom_reward_function.path={path!r}: importing it failed: {exc!r}") from exc
+    if not callable(getattr(module, str(name), None)):
+        raise AttributeError(f"custom_reward_function.name={name!r}: no function of that name in {path!r}")
+    return FunctionRef(name=str(name), path=full)

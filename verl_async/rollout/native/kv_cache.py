@@ -1,0 +1,145 @@
+"""A contiguous per-slot KV cache that plugs into unmodified HF attention layers.
+
+Layout per layer: K and V tensors `[num_slots, kv_heads, slot_len, head_dim]`. Every running
+sequence owns one slot for its whole life, and the scheduler keeps the running sequences in
+slots `0..B-1` (compacting when one leaves), so the decode batch's keys are a zero-copy
+view `k[:B, :, :L]` that SDPA reads directly, the shapes are static per (B, L) bucket
+(CUDA graphs) and nothing is ever allocated after start-up (no OOM mid-run by design).
+
+HF attention layers call exactly one method on `past_key_values`: `update(k, v, layer_idx)`,
+which must store the new keys/values and return the keys/values to attend to. This class
+implements it for two modes the runner switches between before each forward:
+- prefill: a right-padded batch of new sequences starting at position 0; keys are stored in
+  the sequences' slots and attention runs on the new keys only (causal);
+- decode: one new token per running sequence at its own position; attention reads the
+  slot rows `0..B-1` up to `L`, masked per row to the sequence's length.
+The attention masks are built here too (bool for SDPA, additive float for eager).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+class SlotKVCache:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_slots: int,
+        slot_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_slots, num_kv_heads, slot_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_slots, self.slot_len = num_slots, slot_len
+        self.rows = torch.arange(num_slots, device=device)
+        self._mode: Optional[str] = None
+        self._slots: Optional[torch.Tensor] = None  # prefill: slot of each batch row
+        self._width = 0  # prefill: padded prompt length
+        self._positions: Optional[torch.Tensor] = None  # decode: position of each row's new token
+        self._kv_len = 0  # decode: keys attended to per row
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V bytes of one token over all layers (what one decode step reads per cached token)."""
+        k = self.k[0]
+        return 2 * len(self.k) * k.shape[1] * k.shape[3] * k.element_size()
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_token * self.num_slots * self.slot_len
+
+    def set_prefill(self, slots: torch.Tensor, width: int) -> "SlotKVCache":
+        self._mode, self._slots, self._width = "prefill", slots, width
+        return self
+
+    def set_decode(self, positions: torch.Tensor, kv_len: int) -> "SlotKVCache":
+        """Rows 0..len(positions)-1 write their new token at `positions` and attend to keys [0, kv_len)."""
+        self._mode, self._positions, self._kv_len = "decode", positions, kv_len
+        return self
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        k_cache, v_cache = self.k[layer_idx], self.v[layer_idx]
+        if self._mode == "prefill":
+            k_cache[self._slots, :, : self._width] = key_states
+            v_cache[self._slots, :, : self._width] = value_states
+            return key_states, value_states
+        if self._mode == "decode":
+            rows = self.rows[: key_states.shape[0]]
+            k_cache[rows, :, self._positions] = key_states[:, :, 0]
+            v_cache[rows, :, self._positions] = value_states[:, :, 0]
+            return k_cache[: rows.numel(), :, : self._kv_len], v_cache[: rows.numel(), :, : self._kv_len]
+        raise RuntimeError("SlotKVCache.update called before set_prefill/set_decode")
+
+    def move(self, src: list[int], dst: list[int], length: int) -> None:
+        """Copy the first `length` positions of slots `src` into slots `dst` (compaction)."""
+        if not src:
+            return
+        device = self.rows.device
+        src_t = torch.tensor(src, device=device)
+        dst_t = torch.tensor(dst, device=device)
+        for cache in (*self.k, *self.v):
+            cache[dst_t, :, :length] = cache[src_t, :, :length]
+
+
+def _to_mask_kind(allowed: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    if attn_implementation == "sdpa":
+        return allowed
+    # eager adds the mask to the scores
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
+
+
+def prefill_masks(
+    width: int,
+    *,
+    layer_types: list[str],
+    sliding_window: Optional[int],
+    attn_implementation: str,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[str, Optional[torch.Tensor]]:
+    """Masks for a right-padded prefill: plain causal (valid queries never see padding on their right).
+
+    SDPA without sliding window gets None, i.e. `is_causal=True` (the flash kernel).
+    """
+    masks: dict[str, Optional[torch.Tensor]] = {}
+    q = torch.arange(width, device=device)
+    for kind in set(layer_types) | {"full_attention"}:
+        if kind == "full_attention" and attn_implementation == "sdpa":
+            masks[kind] = None
+            continue
+        allowed = q[None, :] <= q[:, None]
+        if kind == "sliding_attention" and sliding_window:
+            allowed &= q[None, :] > q[:, None] - sliding_window
+        masks[kind] = _to_mask_kind(allowed[None, None], attn_implementation, dtype)
+    return masks
+
+
+def decode_masks(
+    positions: torch.Tensor,
+    kv_len: int,
+    *,
+    layer_types: list[str],
+    sliding_window: Optional[int],
+    attn_implementation: str,
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """Row b attends to keys [0, positions[b]] (and within the window for sliding layers): [B, 1, 1, kv_len]."""
+    keys = torch.arange(kv_len, device=positions.device)[None, :]
+    pos = positions[:, None]
+    masks: dict[str, torch.Tensor] = {}
+    for kind in set(layer_types) | {"full_attention"}:
+        allowed = keys <= pos
+        if kind == "sliding_attention" and sliding_window:
+            allowed = allowed & (keys > pos - sliding_window)
+        masks[kind] = _to_mask_kind(allowed[:, None, None, :], attn_implementation, dtype)
+    return masks

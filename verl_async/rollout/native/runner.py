@@ -1,0 +1,266 @@
+"""Model forward passes for the native engine: padded prefill and slot-batched decode.
+
+The runner owns the HF model and the SlotKVCache and turns token lists into next-token
+logits (float32). It knows nothing about requests. On CUDA the decode step is captured
+as CUDA graphs, one per (batch bucket, KV-length bucket), lazily or all at once in
+`warmup()`: decode of a small model is launch-bound (hundreds of tiny kernels per step),
+and a graph replays them without Python/launch overhead. Weights are updated in place
+(same storage), so captured graphs stay valid across refits. Prefill stays eager (it is
+compute-bound and its shapes vary). `compile_decode` additionally runs the decode step
+through torch.compile (inside the graphs on CUDA). NPU runs eager (torch_npu graph mode is
+not wired; NPU is untested here).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Callable, Optional
+
+import torch
+
+from verl_async.rollout.native.kv_cache import SlotKVCache, decode_masks, prefill_masks
+from verl_async.utils.device import DeviceSpec
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """Decode batch sizes graphs are captured for: 1, 2, 4, 8, then ~1.5x steps, and max_batch."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b = b * 2 if b < 16 else (b + b // 2 + 7) // 8 * 8
+    sizes.append(max_batch)
+    return sizes
+
+
+def model_geometry(config) -> dict:
+    """Layer count, KV heads, head dim, layer types and sliding window of an HF decoder config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    num_layers = text.num_hidden_layers
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    layer_types = list(getattr(text, "layer_types", None) or ["full_attention"] * num_layers)
+    return {
+        "num_layers": num_layers,
+        "num_kv_heads": getattr(text, "num_key_value_heads", None) or heads,
+        "head_dim": head_dim,
+        "layer_types": layer_types,
+        "sliding_window": getattr(text, "sliding_window", None),
+    }
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        device: DeviceSpec,
+        num_slots: int,
+        slot_len: int,
+        cuda_graphs: bool = False,
+        kv_len_bucket: int = 256,
+        compile_decode: bool = False,
+    ) -> None:
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl not in SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"native engine: model attention implementation {impl!r} is not supported; load the model "
+                f"with attn_implementation in {SUPPORTED_ATTENTION}"
+            )
+        self.model, self.device, self.attn_impl = model, device, impl
+        self.dtype = next(model.parameters()).dtype
+        geo = model_geometry(model.config)
+        self.layer_types, self.sliding_window = geo["layer_types"], geo["sliding_window"]
+        self.cache = SlotKVCache(
+            num_layers=geo["num_layers"],
+            num_slots=num_slots,
+            slot_len=slot_len,
+            num_kv_heads=geo["num_kv_heads"],
+            head_dim=geo["head_dim"],
+            dtype=self.dtype,
+            device=device.torch_device,
+        )
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.kv_len_bucket = max(1, int(kv_len_bucket))
+        self._batch_buckets = batch_buckets(num_slots)
+        # torch.compile fuses the many small elementwise kernels of a decode step (norms, rotary,
+        # SiLU); opt-in because compiling takes minutes on first use. Traced with fullgraph=True
+        # on CPU (no graph breaks); whether it pays on GPU is for the benchmark to say.
+        self._compiled = torch.compile(self._forward_decode, dynamic=True) if compile_decode else None
+        self._graphs: dict[tuple[int, int], Callable[[], None]] = {}
+        self._pool = None
+        # Static decode: fixed input/output buffers and (batch, KV length) buckets, so that each
+        # bucket's step can be replayed as a CUDA graph. Off means exact shapes, eager.
+        self.static_decode = False
+        if cuda_graphs and device.kind == "cuda":
+            self._enable_static_decode()
+
+    def _enable_static_decode(self) -> None:
+        dev, slots = self.device.torch_device, self.cache.num_slots
+        self._ids = torch.zeros(slots, dtype=torch.long, device=dev)
+        self._pos = torch.zeros(slots, dtype=torch.long, device=dev)
+        self._logits = torch.zeros(slots, self.vocab_size, dtype=torch.float32, device=dev)
+        self.static_decode = True
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's parameters (tied ones once): what one decode step must read."""
+        seen, total = set(), 0
+        for p in self.model.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
+        return total
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """Run new sequences (right-padded) from position 0 into `slots`; return [n, V] last-token logits."""
+        dev = self.device.torch_device
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, : len(p)] = torch.tensor(p, dtype=torch.long)
+        ids = ids.to(dev)
+        positions = torch.arange(width, device=dev)[None, :].expand(len(prompts), width)
+        last = torch.tensor([len(p) - 1 for p in prompts], device=dev)[:, None]
+        masks = prefill_masks(
+            width,
+            layer_types=self.layer_types,
+            sliding_window=self.sliding_window,
+            attn_implementation=self.attn_impl,
+            dtype=self.dtype,
+            device=dev,
+        )
+        self.cache.set_prefill(torch.tensor(slots, device=dev), width)
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=masks,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=last,
+        )
+        return out.logits[:, 0].float()
+
+    # ------------------------------------------------------------------ decode
+    def _forward_decode(self, ids: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        masks = decode_masks(
+            positions,
+            kv_len,
+            layer_types=self.layer_types,
+            sliding_window=self.sliding_window,
+            attn_implementation=self.attn_impl,
+            dtype=self.dtype,
+        )
+        self.cache.set_decode(positions, kv_len)
+        out = self.model(
+            input_ids=ids[:, None],
+            position_ids=positions[:, None],
+            attention_mask=masks,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.logits[:, -1].float()
+
+    def _decode_fn(self, ids: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        if self._compiled is not None:
+            try:
+                return self._compiled(ids, positions, kv_len)
+            except Exception:  # noqa: BLE001 - e.g. no working compiler toolchain: stay correct, run eager
+                logger.exception("native engine: torch.compile of the decode step failed; decoding eagerly")
+                self._compiled = None
+        return self._forward_decode(ids, positions, kv_len)
+
+    def kv_len_for(self, max_position: int) -> int:
+        """Keys a decode step reads per row: exact in eager mode, bucketed when replaying graphs."""
+        need = max_position + 1
+        if not self.static_decode:
+            return need
+        return min(self.cache.slot_len, -(-need // self.kv_len_bucket) * self.kv_len_bucket)
+
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """One token for each of the rows 0..B-1 (slot b = row b); return [B, V] logits."""
+        rows = len(tokens)
+        kv_len = self.kv_len_for(max(positions))
+        if not self.static_decode:
+            dev = self.device.torch_device
+            ids = torch.tensor(tokens, dtype=torch.long, device=dev)
+            pos = torch.tensor(positions, dtype=torch.long, device=dev)
+            return self._decode_fn(ids, pos, kv_len)
+        padded = self._batch_buckets[bisect.bisect_left(self._batch_buckets, rows)]
+        pad = padded - rows
+        # padding rows write position 0 of free slots (rows >= B are never live): harmless
+        self._ids[:padded].copy_(torch.tensor(tokens + [0] * pad, dtype=torch.long))
+        self._pos[:padded].copy_(torch.tensor(positions + [0] * pad, dtype=torch.long))
+        replay = self._graphs.get((padded, kv_len)) or self._capture(padded, kv_len)
+        if replay is None:  # capture failed: the runner fell back to eager
+            return self.decode(tokens, positions)
+        replay()
+        return self._logits[:rows]
+
+    def _graph_body(self, batch: int, kv_len: int) -> None:
+        self._logits[:batch].copy_(self._decode_fn(self._ids[:batch], self._pos[:batch], kv_len))
+
+    def _capture(self, batch: int, kv_len: int) -> Optional[Callable[[], None]]:
+        """Make the replayable step of one bucket; on failure log and switch to eager for good."""
+        try:
+            replay = self._new_graph(batch, kv_len)
+        except Exception:  # noqa: BLE001 - any capture problem means: run eager
+            logger.exception("native engine: CUDA graph capture failed (batch %d, kv %d); decoding eagerly", batch, kv_len)
+            self.static_decode = False
+            self._graphs.clear()
+            return None
+        self._graphs[(batch, kv_len)] = replay
+        return replay
+
+    def _new_graph(self, batch: int, kv_len: int) -> Callable[[], None]:
+        """Capture the decode step of one bucket as a CUDA graph; the inputs hold this step's values.
+
+        The warm-up runs repeat the real step (same inputs, same K/V written), so capturing in
+        the middle of a run changes nothing. All graphs share one memory pool (they never run
+        concurrently and keep no live outputs: logits are copied into a static buffer).
+        """
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._graph_body(batch, kv_len)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._graph_body(batch, kv_len)
+        return graph.replay
+
+    def warmup(self, max_batch: Optional[int] = None, max_kv_len: Optional[int] = None) -> int:
+        """Capture every decode graph up to (max_batch, max_kv_len) now; call only while no sequence runs.
+
+        Returns the number of graphs captured. Without graphs but with `compile_decode`, runs
+        the decode step at a few shapes so that compilation (batch 1 is specialised, then the
+        shapes turn dynamic) happens here rather than in the first requests.
+        """
+        max_batch = min(max_batch or self.cache.num_slots, self.cache.num_slots)
+        max_kv_len = min(max_kv_len or self.cache.slot_len, self.cache.slot_len)
+        if not self.static_decode:
+            if self._compiled is not None:
+                dev = self.device.torch_device
+                for batch, kv_len in ((1, 1), (1, 2), (min(2, max_batch), 3), (min(3, max_batch), 4)):
+                    ids = torch.zeros(batch, dtype=torch.long, device=dev)
+                    self._decode_fn(ids, torch.zeros_like(ids), kv_len)
+            return 0
+        batches = [b for b in self._batch_buckets if b < max_batch]
+        batches.append(self._batch_buckets[bisect.bisect_left(self._batch_buckets, max_batch)])
+        lens = list(range(self.kv_len_bucket, max_kv_len, self.kv_len_bucket)) + [self.kv_len_for(max_kv_len - 1)]
+        for batch in batches:
+            self._ids[:batch].zero_()
+            self._pos[:batch].zero_()
+            for kv_len in lens:
+                if (batch, kv_len) not in self._graphs and self._capture(batch, kv_len) is None:
+                    return len(self._graphs)
+        self.device.synchronize()
+        return len(self._graphs)

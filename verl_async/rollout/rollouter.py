@@ -1,0 +1,354 @@
+"""The Rollouter: prompts in, complete scored groups out, never too far ahead.
+
+It admits a prompt only while the staleness budget allows (DESIGN.md formula), runs
+its `n` responses on the engine replicas, scores the group and puts ONE
+`RolloutSample` into the queue. A weight sync pauses it:
+
+* `partial_rollout=True`: in-flight requests are aborted, keep their tokens and
+  log-probs, and continue under the new weights after the sync (each token keeps the
+  version that sampled it);
+* `partial_rollout=False`: no new requests start and the in-flight ones finish first.
+
+This is a plain asyncio class; the recipe wraps it in an async Ray actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable, Iterable, Optional, Protocol, Sequence
+
+import torch
+
+from verl_async.protocol import Response, RolloutSample
+from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
+from verl_async.rollout.staleness import StalenessBudget
+from verl_async.utils.timeline import Timeline
+
+logger = logging.getLogger("verl_async.rollouter")
+
+
+@dataclass
+class PromptItem:
+    """What the Rollouter needs of one dataset row."""
+
+    uid: str
+    index: int
+    epoch: int
+    prompt_ids: list[int]
+    data_source: str = ""
+    ground_truth: Any = None
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+class PromptSource(Protocol):
+    def next(self) -> Optional[PromptItem]: ...
+    def push_front(self, items: Sequence[PromptItem]) -> None: ...
+    def state_dict(self) -> dict: ...
+
+
+class GroupScorer(Protocol):
+    async def __call__(self, item: PromptItem, responses: list[Response]) -> list[tuple[float, dict[str, float]]]: ...
+
+
+class SampleSink(Protocol):
+    async def put(self, sample: RolloutSample) -> None: ...
+    async def size(self) -> int: ...
+
+
+@dataclass
+class RolloutCounters:
+    started_groups: int = 0
+    finished_groups: int = 0
+    dropped_groups_engine_error: int = 0
+    engine_errors: int = 0
+    aborted_requests: int = 0
+    continued_requests: int = 0
+    generated_tokens: int = 0
+    pause_time_s: float = 0.0  # time spent waiting on the staleness budget / sync
+    busy_time_s: float = 0.0  # time with at least one request in flight
+
+
+class Rollouter:
+    MAX_ENGINE_RETRIES = 2
+
+    def __init__(
+        self,
+        *,
+        engines: Sequence[InferenceEngine],
+        prompts: PromptSource,
+        scorer: GroupScorer,
+        sink: SampleSink,
+        n: int,
+        sampling: SamplingParams,
+        budget: StalenessBudget,
+        partial_rollout: bool,
+        max_inflight_groups: int,
+        total_prompts: Optional[int] = None,
+        timeline: Optional[Timeline] = None,
+        lengths_log: Optional[str] = None,
+        seed: int = 0,
+        version: int = 0,
+    ) -> None:
+        if not engines:
+            raise ValueError("Rollouter needs at least one engine replica")
+        self.engines = list(engines)
+        self.prompts = prompts
+        self.scorer = scorer
+        self.sink = sink
+        self.n = n
+        self.sampling = sampling
+        self.budget = budget
+        self.partial_rollout = partial_rollout
+        self.max_inflight_groups = max(1, max_inflight_groups)
+        self.total_prompts = total_prompts
+        self.timeline = timeline or Timeline(None, time.time())
+        self.lengths_log = lengths_log
+        self.seed = seed
+        self.version = version
+        self.counters = RolloutCounters()
+        self._inflight: dict[str, tuple[PromptItem, asyncio.Task]] = {}
+        self._requests_per_engine = [0] * len(self.engines)
+        self._open = asyncio.Event()  # set = generation allowed (not inside a sync)
+        self._open.set()
+        self._changed = asyncio.Event()  # wakes the admission loop
+        self._running_requests = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stop = False
+        self._busy_since: Optional[float] = None
+        self._failure: Optional[BaseException] = None
+        self._next_item: Optional[PromptItem] = None  # taken from the source, not started yet
+        if lengths_log:
+            os.makedirs(os.path.dirname(os.path.abspath(lengths_log)), exist_ok=True)
+
+    # ------------------------------------------------------------------ main loop
+    async def run(self) -> RolloutCounters:
+        """Admit prompts until the data (or total_prompts) is exhausted; wait for the tail."""
+        while not self._stop:
+            if self.total_prompts is not None and self.counters.started_groups >= self.total_prompts:
+                break
+            # Take the prompt before waiting: the end of the data must end the run even while
+            # the budget is exhausted (the trainer may need no further sync to drain the tail).
+            item = self.prompts.next()
+            if item is None:
+                break
+            self._next_item = item
+            wait_start = time.monotonic()
+            await self._admission_gate()
+            self.counters.pause_time_s += time.monotonic() - wait_start
+            if self._stop:
+                break
+            self._next_item = None
+            self._start_group(item)
+        while self._inflight:
+            await asyncio.wait([t for _, t in self._inflight.values()])
+            if self._failure:
+                break
+        if self._failure:
+            raise self._failure
+        return self.counters
+
+    async def _admission_gate(self) -> None:
+        while not self._stop and not (
+            self._open.is_set() and self.budget.can_start() and len(self._inflight) < self.max_inflight_groups
+        ):
+            if self._failure:
+                raise self._failure
+            self._changed.clear()
+            await self._changed.wait()
+        if self._failure:
+            raise self._failure
+
+    def _poke(self) -> None:
+        self._changed.set()
+
+    def _start_group(self, item: PromptItem) -> None:
+        self.budget.on_start()
+        self.counters.started_groups += 1
+        task = asyncio.create_task(self._run_group(item), name=f"group-{item.uid}")
+        self._inflight[item.uid] = (item, task)
+        task.add_done_callback(lambda t, uid=item.uid: self._on_group_done(uid, t))
+
+    def _on_group_done(self, uid: str, task: asyncio.Task) -> None:
+        self._inflight.pop(uid, None)
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._failure = task.exception()
+            logger.error("group %s failed: %r", uid, self._failure)
+        self._poke()
+
+    async def _run_group(self, item: PromptItem) -> None:
+        version_start = self.version
+        submit = self.timeline.now()
+        results = await asyncio.gather(*(self._generate_one(item, i) for i in range(self.n)))
+        if any(r is None for r in results):
+            self.counters.dropped_groups_engine_error += 1
+            logger.warning("group %s dropped after repeated engine errors", item.uid)
+            return
+        responses: list[Response] = list(results)  # type: ignore[arg-type]
+        scores = await self.scorer(item, responses)
+        for resp, (reward, info) in zip(responses, scores):
+            resp.reward = float(reward)
+            resp.reward_info = dict(info)
+        sample = RolloutSample(
+            uid=item.uid,
+            prompt_ids=list(item.prompt_ids),
+            responses=responses,
+            data_source=item.data_source,
+            ground_truth=item.ground_truth,
+            extra_info=dict(item.extra_info),
+            epoch=item.epoch,
+            index=item.index,
+            param_version_start=version_start,
+            param_version_end=self.version,
+        )
+        finish = self.timeline.now()
+        self._log_lengths(sample, submit, finish)
+        await self.sink.put(sample)
+        self.counters.finished_groups += 1
+
+    def _pick_engine(self) -> int:
+        return min(range(len(self.engines)), key=lambda i: self._requests_per_engine[i])
+
+    async def _generate_one(self, item: PromptItem, i: int) -> Optional[Response]:
+        prefix = GenerateResult(request_id="", token_ids=[], log_probs=[], versions=[], finish_reason="abort")
+        seed = None if self.sampling.seed is None else hash((self.sampling.seed, item.uid, i)) % (2**31)
+        errors = 0
+        started = None
+        while True:
+            await self._open.wait()
+            idx = self._pick_engine()
+            request = GenerateRequest(
+                request_id=f"{item.uid}/{i}/{self.counters.aborted_requests}",
+                prompt_ids=item.prompt_ids,
+                sampling=replace(self.sampling, seed=seed),
+                prefix_token_ids=prefix.token_ids,
+                prefix_log_probs=prefix.log_probs,
+                prefix_versions=prefix.versions,
+            )
+            started = started if started is not None else self.timeline.now()
+            self._request_started(idx)
+            t0 = self.timeline.now()
+            try:
+                result = await self.engines[idx].generate(request)
+            finally:
+                self._request_finished(idx)
+            self.timeline.record(
+                f"rollout/replica{idx}", "generate", t0, self.timeline.now(), self.version,
+                tokens=len(result.token_ids) - len(prefix.token_ids),
+            )
+            if result.error is not None:
+                errors += 1
+                self.counters.engine_errors += 1
+                logger.warning("engine error on %s (attempt %d): %s", request.request_id, errors, result.error)
+                if errors > self.MAX_ENGINE_RETRIES:
+                    return None
+                continue
+            self.counters.generated_tokens += len(result.token_ids) - len(prefix.token_ids)
+            if result.finish_reason == "abort":
+                self.counters.aborted_requests += 1
+                prefix = result
+                if len(result.token_ids) > 0:
+                    self.counters.continued_requests += 1
+                continue
+            return Response(
+                token_ids=list(result.token_ids),
+                log_probs=list(result.log_probs),
+                versions=list(result.versions),
+                finish_reason=result.finish_reason,
+                replica=idx,
+                start_time=started,
+                end_time=self.timeline.now(),
+            )
+
+    def _request_started(self, idx: int) -> None:
+        self._requests_per_engine[idx] += 1
+        self._running_requests += 1
+        if self._running_requests == 1:
+            self._idle.clear()
+            self._busy_since = time.monotonic()
+
+    def _request_finished(self, idx: int) -> None:
+        self._requests_per_engine[idx] -= 1
+        self._running_requests -= 1
+        if self._running_requests == 0:
+            self._idle.set()
+            if self._busy_since is not None:
+                self.counters.busy_time_s += time.monotonic() - self._busy_since
+                self._busy_since = None
+
+    def _log_lengths(self, sample: RolloutSample, submit: float, finish: float) -> None:
+        if not self.lengths_log:
+            return
+        record = {
+            "uid": sample.uid,
+            "index": sample.index,
+            "epoch": sample.epoch,
+            "prompt_len": len(sample.prompt_ids),
+            "param_version_start": sample.param_version_start,
+            "param_version_end": sample.param_version_end,
+            "submit_time": round(submit, 6),
+            "finish_time": round(finish, 6),
+            "responses": [
+                {
+                    "len": len(r),
+                    "finish_reason": r.finish_reason,
+                    "replica": r.replica,
+                    "start": round(r.start_time, 6),
+                    "end": round(r.end_time, 6),
+                    "min_version": r.min_version,
+                    "max_version": r.max_version,
+                    "probe": False,
+                    "moved": False,
+                    "regenerated_tokens": 0,
+                }
+                for r in sample.responses
+            ],
+        }
+        with open(self.lengths_log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # ------------------------------------------------------------------ sync
+    async def pause_for_sync(self) -> None:
+        """Stop generating; afterwards no request is running on any engine."""
+        self._open.clear()
+        if not self.partial_rollout:
+            await self._idle.wait()
+            return
+        # Abort until idle: a request that slipped in just after an abort is aborted by the next.
+        while True:
+            await asyncio.gather(*(e.abort(None) for e in self.engines))
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout=0.2)
+                return
+            except asyncio.TimeoutError:
+                continue
+
+    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Refit every replica (called between pause_for_sync and resume_after_sync)."""
+        tensors = list(named_tensors)
+        await asyncio.gather(*(e.update_weights(iter(tensors), version) for e in self.engines))
+
+    async def resume_after_sync(self, version: int) -> None:
+        self.version = version
+        outstanding = len(self._inflight) + int(await self.sink.size())
+        self.budget.on_sync(outstanding)
+        self._open.set()
+        self._poke()
+
+    # ------------------------------------------------------------------ state
+    def pending_items(self) -> list[PromptItem]:
+        """Prompts taken from the source but not yet in the queue (regenerated after a resume)."""
+        items = [item for item, _ in self._inflight.values()]
+        return items + ([self._next_item] if self._next_item is not None else [])
+
+    def stop(self) -> None:
+        self._stop = True
+        self._open.set()
+        self._poke()
+        for _, task in self._inflight.values():
+            task.cancel()
