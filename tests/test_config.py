@@ -20,7 +20,7 @@ from verl_async.config import (
     validate,
 )
 from verl_async.config.cli import REPO_ROOT
-from verl_async.config.schema import DEVICES
+from verl_async.config import schema as S
 
 FSDP, MEGATRON = "fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer"
 
@@ -310,10 +310,22 @@ def test_hydra_argv_rewrites(tmp_path):
                    "--cfg", "job", "-cp", str(tmp_path / "myconf")]
 
 
-def test_device_kinds_match_the_device_layer():
+def test_choice_lists_match_the_implementations():
+    """schema.py repeats the registries (it may not import torch); they must agree."""
+    import importlib
+
+    from verl_async import algos, data, reward
     from verl_async.utils import device
 
-    assert tuple(DEVICES) == tuple(device.DEVICE_KINDS)
+    rollout_correction = importlib.import_module("verl_async.algos.rollout_correction")
+
+    assert S.DEVICES == tuple(device.DEVICE_KINDS)
+    assert S.ADV_ESTIMATORS == tuple(algos.ADVANTAGE_ESTIMATORS)
+    assert S.LOSS_AGG_MODES == tuple(algos.LOSS_AGG_MODES)
+    assert set(S.KL_TYPES) == set(algos.KL_KINDS)
+    assert S.CORRECTION_LEVELS == rollout_correction.LEVELS and S.CORRECTION_MODES == rollout_correction.MODES
+    assert S.TRUNCATIONS == tuple(data.TRUNCATION_MODES)
+    assert S.REWARD_MANAGERS == tuple(reward.REWARD_MANAGERS)
 
 
 def test_validate_accepts_a_plain_dict():

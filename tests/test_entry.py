@@ -17,7 +17,7 @@ SCRIPT = REPO_ROOT / "scripts" / "run_qwen2.5_0.5b_gsm8k_fully_async_reference.s
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_ASYNC_", "HYDRA_"))}
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_ASYNC_DRY_RUN", "HYDRA_FULL_ERROR")}
     env.update(PYTHONPATH=str(REPO_ROOT), TOKENIZERS_PARALLELISM="false", **extra)
     return env
 
@@ -115,9 +115,9 @@ def test_cfg_job_prints_the_composed_config():
 
 
 def test_default_config_without_arguments(tmp_path):
-    proc = run_entry(f"hydra.run.dir={tmp_path}", VERL_ASYNC_DRY_RUN="1")
+    proc = run_entry(f"hydra.run.dir={tmp_path}", VERL_ASYNC_DRY_RUN="1", VERL_ASYNC_CACHE=str(tmp_path / "cache"))
     assert proc.returncode == 0, proc.stderr
-    assert "fsdp2 on 1x1 cpu" in proc.stdout and "builtin://train" in proc.stdout
+    assert "fsdp2 on 1x1 cpu" in proc.stdout and "builtin://train  (2000 rows)" in proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_preflight_counts_rows(tmp_path, tiny_model_dir):
     "case,key,words",
     [
         ("too_few_rows", "actor_rollout_ref.actor.ppo_mini_batch_size", "only 3 rows"),
-        ("no_prompt_column", "data.train_files", "no column 'prompt'"),
+        ("no_prompt_column", "data.train_files", "missing column 'prompt'"),
         ("not_parquet", "data.train_files", "not a readable parquet file"),
         ("empty_folder", "data.train_files", "holds no .parquet file"),
         ("empty_model_folder", "actor_rollout_ref.model.path", "no config.json"),

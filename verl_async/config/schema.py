@@ -19,10 +19,13 @@ from typing import Any, Dict, List, Optional
 
 from verl_async.utils.tracking import SUPPORTED_LOGGERS as LOGGERS
 
-# Allowed values. Other modules (algos, reward, rollout) may import these lists.
+# Allowed values. They mirror the registries of the modules that implement them
+# (verl_async.algos, .data, .reward, .utils), which import torch/pyarrow; this module
+# must not, so tests/test_config.py checks that the lists agree.
 ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # kl|k1, abs, mse|k2, low_var_kl|k3
+# kl|k1, abs, mse|k2, low_var_kl|k3; a "+" suffix takes k2's gradient (straight-through), as in verl
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 POLICY_LOSS_MODES = ("vanilla",)
 ROLLOUT_NAMES = ("native", "vllm")
@@ -125,7 +128,7 @@ class RolloutCorrectionConfig:
     level: str = rule(choices=CORRECTION_LEVELS)
     mode: str = rule(choices=CORRECTION_MODES)
     lower: Optional[float] = rule(gt=0)
-    upper: float = rule(gt=0)
+    upper: Optional[float] = rule(gt=0)  # None: no upper bound
     rs: bool
     rs_level: Optional[str] = rule(choices=CORRECTION_LEVELS)
     rs_lower: Optional[float] = rule(ge=0)
