@@ -157,6 +157,7 @@ def test_preflight_counts_rows(tmp_path, tiny_model_dir):
         ("no_prompt_column", "data.train_files", "missing column 'prompt'"),
         ("not_parquet", "data.train_files", "not a readable parquet file"),
         ("empty_folder", "data.train_files", "holds no .parquet file"),
+        ("unknown_builtin", "data.train_files", "unknown built-in dataset builtin://nope"),
         ("empty_model_folder", "actor_rollout_ref.model.path", "no config.json"),
         ("npu_missing", "trainer.device", "torch_npu"),
     ],
@@ -170,6 +171,8 @@ def test_preflight_errors_name_the_key(tmp_path, tiny_model_dir, case, key, word
     if case == "empty_folder":
         train = str(tmp_path / "nothing_here")
         os.makedirs(train)
+    if case == "unknown_builtin":
+        train = "builtin://nope"
     if case == "empty_model_folder":
         model = str(tmp_path / "empty")
         os.makedirs(model)
