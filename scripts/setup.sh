@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs verl_async for CPU: the CPU torch build
 # first, so that no CUDA wheels are pulled, then the package with its test extra.
+#   PYTHON=python3.11      interpreter for the venv (default python3, >= 3.10)
+#   TORCH_VERSION=2.13.0   torch to install when the venv has none
+#   TORCH_INDEX_URL=...    where the CPU torch comes from when pip's own sources have
+#                          no CPU build (e.g. https://download.pytorch.org/whl/cpu)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    .venv/bin/python -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION:-2.13.0}"
+fi
 .venv/bin/python -m pip install -q -e ".[test]"
+if .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
+    echo "note: .venv has a CUDA build of torch ($(.venv/bin/python -c 'import torch; print(torch.__version__)'))" >&2
+fi
 echo "verl_async installed in $(pwd)/.venv"

@@ -74,11 +74,17 @@ def ray_init(cfg: Any) -> bool:
     if ray.is_initialized():
         return False
     address = cfg.ray_init.get("address") or os.environ.get("RAY_ADDRESS")
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0")}
+    # Workers import verl_async from where this process did (a checkout run without `pip install -e` too).
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+        "PYTHONPATH": python_path,
+    }
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
         return True
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
     num_cpus = cfg.ray_init.get("num_cpus")
     ray.init(
         num_cpus=None if num_cpus is None else int(num_cpus),

@@ -1,0 +1,64 @@
+"""Entry point: python -m recipe.fully_async_main [--config-name=NAME] [key=value ...]
+
+Run from the repository root, as verl's recipe is:
+    python -m recipe.fully_async_main --config-path=config \
+        --config-name=fully_async_ppo_megatron_trainer.yaml data.train_files=... ...
+With no arguments it runs the built-in CPU demo (config/fully_async_ppo_trainer.yaml).
+`--cfg job` prints the composed config and exits. A bad config prints one line,
+"config error: <full.key>: <reason>", to stderr and exits with status 2.
+VERL_ASYNC_DRY_RUN=1 stops after checking the config, the device and the data.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Callable, Optional
+
+import hydra
+from omegaconf import DictConfig
+
+from verl_async.config import CONFIG_DIR, DEFAULT_CONFIG_NAME, ConfigError, hydra_argv, validate
+from verl_async.config.preflight import preflight
+from verl_async.config.summary import describe
+
+PIPELINE_MODULE = "verl_async.pipeline"  # provides run(cfg): Ray, queue, Rollouter, Trainer, sync
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name=DEFAULT_CONFIG_NAME, version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        cfg = validate(cfg)  # one clear error, naming the key
+        facts = preflight(cfg)  # the device exists, the data files read
+        print(describe(cfg, facts), flush=True)
+        run = pipeline_runner()  # None: dry run, or no pipeline yet (it says so)
+        if run is not None:
+            run(cfg)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def pipeline_runner() -> Optional[Callable[[DictConfig], None]]:
+    if os.environ.get("VERL_ASYNC_DRY_RUN") == "1":
+        print("dry run (VERL_ASYNC_DRY_RUN=1): config, device and data are valid; nothing was started.")
+        return None
+    if importlib.util.find_spec(PIPELINE_MODULE) is None:
+        print(
+            "config, device and data are valid. The training pipeline is not implemented yet "
+            f"({PIPELINE_MODULE} is missing), so nothing was trained."
+        )
+        return None
+    return importlib.import_module(PIPELINE_MODULE).run
+
+
+def cli() -> None:
+    """Make verl command lines work as written (see verl_async.config.cli), then run Hydra."""
+    sys.argv[1:] = hydra_argv(sys.argv[1:])
+    main()
+
+
+if __name__ == "__main__":
+    cli()

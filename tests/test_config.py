@@ -1,0 +1,333 @@
+"""Config composition and validation: every rule names the full key, in one line."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_async.config import (
+    COMPAT_KEYS,
+    ConfigError,
+    compat_keys_set,
+    compose,
+    hydra_argv,
+    max_required_samples,
+    required_samples,
+    reset_compat_warnings,
+    trainer_dp_size,
+    validate,
+)
+from verl_async.config.cli import REPO_ROOT
+from verl_async.config import schema as S
+
+FSDP, MEGATRON = "fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer"
+
+
+@pytest.fixture
+def parquet(tmp_path):
+    """A real (tiny) parquet file; validation only checks that it exists."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "1+1?"}]]}), path)
+    return str(path)
+
+
+def check(overrides, name=FSDP):
+    return validate(compose(name, overrides))
+
+
+# --------------------------------------------------------------------------- composition
+def test_both_configs_compose_and_validate():
+    fsdp, meg = check([]), check([], MEGATRON)
+    assert fsdp.actor_rollout_ref.actor.strategy == "fsdp2" and "megatron" not in fsdp.actor_rollout_ref.actor
+    assert meg.actor_rollout_ref.actor.strategy == "megatron" == meg.actor_rollout_ref.ref.strategy
+    assert meg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 1
+    assert meg.actor_rollout_ref.actor.optim.lr_decay_style == "constant"
+    # interpolations are resolved; the demo defaults
+    assert fsdp.actor_rollout_ref.rollout.prompt_length == fsdp.data.max_prompt_length
+    assert fsdp.actor_rollout_ref.actor.use_rollout_log_probs is True
+    assert fsdp.trainer.device == "cpu" and fsdp.data.train_files == "builtin://train"
+
+
+def test_values_are_converted_to_their_types():
+    cfg = check(["actor_rollout_ref.actor.clip_ratio_c=3", "trainer.nnodes='1'", "trainer.logger=console"])
+    assert cfg.actor_rollout_ref.actor.clip_ratio_c == 3.0 and isinstance(cfg.actor_rollout_ref.actor.clip_ratio_c, float)
+    assert cfg.trainer.nnodes == 1 and isinstance(cfg.trainer.nnodes, int)
+    assert list(cfg.trainer.logger) == ["console"]
+
+
+def test_free_form_nodes_stay_open():
+    cfg = check(
+        [
+            "+actor_rollout_ref.model.override_config.model_config.max_position_embeddings=4096",
+            "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.len=16",
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",  # no + needed
+            "+actor_rollout_ref.rollout.engine_kwargs.native.anything.nested=1",
+            "critic.strategy=fsdp2",
+        ]
+    )
+    arr = cfg.actor_rollout_ref
+    assert arr.model.override_config.model_config.max_position_embeddings == 4096
+    assert arr.rollout.engine_kwargs.vllm.swap_space == 4
+    assert arr.rollout.engine_kwargs.native.anything.nested == 1
+    assert cfg.reward_model.reward_kwargs.overlong_buffer_cfg.len == 16
+    meg = check(["+actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion=True"], MEGATRON)
+    assert meg.actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion is True
+    assert meg.actor_rollout_ref.ref.megatron.override_transformer_config.apply_rope_fusion is True
+
+
+def test_verl_spellings_are_mapped():
+    cfg = check(
+        [
+            "ray_kwargs.ray_init.num_cpus=3",
+            "actor_rollout_ref.actor.optim.warmup_style=cosine",
+            "actor_rollout_ref.actor.clip_ratio_high=null",
+            "actor_rollout_ref.actor.clip_ratio=0.3",
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.use_dynamic_bsz=false",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=8",  # verl's global size -> 4 per GPU
+        ]
+    )
+    assert cfg.ray_init.num_cpus == 3
+    assert cfg.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
+    assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.3
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 4
+    with pytest.raises(ConfigError, match=r"^ray_kwargs\.ray_init\.num_cpus: .*ray_init\.num_cpus"):
+        check(["ray_kwargs.ray_init.num_cpus=3", "ray_init.num_cpus=2"])
+
+
+def test_derived_quantities():
+    cfg = check(["actor_rollout_ref.actor.ppo_mini_batch_size=64", "async_training.staleness_threshold=0.2",
+                 "async_training.trigger_parameter_sync_step=4", "actor_rollout_ref.rollout.n=8"])
+    assert required_samples(cfg) == 64 and max_required_samples(cfg) == 307  # int(64 * 4 * 1.2)
+    meg = check(["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"], MEGATRON)
+    assert trainer_dp_size(meg) == 2
+
+
+def test_verl_fsdp_runs_as_fsdp2(caplog):
+    reset_compat_warnings()
+    with caplog.at_level(logging.WARNING, logger="verl_async.config"):
+        cfg = check(["actor_rollout_ref.actor.strategy=fsdp"])
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" == cfg.actor_rollout_ref.ref.strategy
+    assert [r.getMessage() for r in caplog.records] == [
+        "actor_rollout_ref.actor.strategy=fsdp runs as fsdp2 (FSDP1 is not supported)"
+    ]
+
+
+def test_verl_fsdp2_script_overrides(parquet, tmp_path):
+    """Keys that verl's fully-async FSDP2 scripts set (DAPO-style) are accepted as written."""
+    cfg = check(
+        [
+            f"data.train_files={parquet}", f"data.val_files={parquet}", "data.truncation=left", "data.gen_batch_size=1",
+            "data.train_batch_size=0", "data.return_raw_chat=True", "actor_rollout_ref.rollout.n=16",
+            "actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2", "actor_rollout_ref.hybrid_engine=False",
+            "+actor_rollout_ref.model.override_config.max_position_embeddings=32768",
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True", "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=False", "actor_rollout_ref.actor.fsdp_config.fsdp_size=2",
+            "actor_rollout_ref.ref.fsdp_config.param_offload=True", "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.80", "actor_rollout_ref.rollout.mode=async",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=True", "actor_rollout_ref.actor.optim.clip_grad=1.0",
+            'trainer.logger=["console","tensorboard"]',  # what Hydra gets from trainer.logger='["console",...]' "trainer.test_freq=-1", "trainer.n_gpus_per_node=4",
+            f"trainer.default_local_dir={tmp_path}/ckpt", "rollout.n_gpus_per_node=4", "rollout.total_rollout_steps=819200",
+            "rollout.total_epochs=10", "async_training.staleness_threshold=1", "async_training.partial_rollout=True",
+        ]
+    )
+    assert cfg.actor_rollout_ref.rollout.n == 16 and cfg.actor_rollout_ref.actor.fsdp_config.fsdp_size == 2
+    assert list(cfg.trainer.logger) == ["console", "tensorboard"] and cfg.critic.strategy == "fsdp2"
+
+
+def test_debug_load_implies_train_only(tmp_path):
+    cfg = check([f"debug.load_rollout_data='{tmp_path}/r_{{rollout_id}}.pt'"])
+    assert cfg.debug.train_only is True
+
+
+# --------------------------------------------------------------------------- errors
+BAD = [
+    # (overrides, full key, words in the reason)
+    (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n", ">= 1"),
+    (["actor_rollout_ref.rollout.n=abc"], "actor_rollout_ref.rollout.n", "expected an integer"),
+    (["actor_rollout_ref.actor.clip_ratio_c=1"], "actor_rollout_ref.actor.clip_ratio_c", "> 1"),
+    (["actor_rollout_ref.actor.clip_ratio_c=0.5"], "actor_rollout_ref.actor.clip_ratio_c", "> 1"),
+    (["actor_rollout_ref.actor.clip_ratio_low=-0.1"], "actor_rollout_ref.actor.clip_ratio_low", ">= 0"),
+    (["actor_rollout_ref.actor.clip_ratio_high=-1"], "actor_rollout_ref.actor.clip_ratio_high", ">= 0"),
+    (["actor_rollout_ref.actor.loss_agg_mode=sum"], "actor_rollout_ref.actor.loss_agg_mode", "token-mean"),
+    (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator", "grpo"),
+    (["actor_rollout_ref.actor.kl_loss_type=k4"], "actor_rollout_ref.actor.kl_loss_type", "low_var_kl"),
+    (["algorithm.kl_penalty=foo"], "algorithm.kl_penalty", "unknown value 'foo'"),
+    (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name", "native, vllm"),
+    (["data.truncation=middle-out"], "data.truncation", "error"),
+    (["trainer.device=tpu"], "trainer.device", "cuda, npu, cpu"),
+    (["trainer.resume_mode=latest"], "trainer.resume_mode", "resume_path"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=0"], "actor_rollout_ref.actor.ppo_mini_batch_size", "> 0"),
+    (["trainer.n_gpus_per_node=3"], "actor_rollout_ref.actor.ppo_mini_batch_size", "data-parallel size 3"),
+    (["trainer.nnodes=2", "trainer.n_gpus_per_node=3", "actor_rollout_ref.rollout.n=5"],
+     "actor_rollout_ref.actor.ppo_mini_batch_size", "20 responses"),
+    (["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"],
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "does not divide the 16 responses"),
+    (["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"],
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "must be set"),
+    (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size=3"],
+     "actor_rollout_ref.actor.ppo_micro_batch_size", "not divisible"),
+    (["async_training.staleness_threshold=-0.1"], "async_training.staleness_threshold", ">= 0"),
+    (["async_training.trigger_parameter_sync_step=0"], "async_training.trigger_parameter_sync_step", ">= 1"),
+    (["async_training.require_batches=0"], "async_training.require_batches", ">= 1"),
+    (["data.max_prompt_length=0"], "data.max_prompt_length", "> 0"),
+    (["data.max_response_length=-5"], "data.max_response_length", "> 0"),
+    (["data.train_files=/no/such/train.parquet"], "data.train_files", "no such file"),
+    (["data.train_files=[builtin://train,missing.parquet]"], "data.train_files", "missing.parquet"),
+    (["data.val_files=/no/such/test.parquet"], "data.val_files", "no such file"),
+    (["data.train_files=hdfs://x/train.parquet"], "data.train_files", "remote"),
+    (["data.train_files=[]"], "data.train_files", "no file"),
+    (["actor_rollout_ref.model.path=/no/such/model"], "actor_rollout_ref.model.path", "no such folder"),
+    (["actor_rollout_ref.model.path=./models/nope"], "actor_rollout_ref.model.path", "no such folder"),
+    (["actor_rollout_ref.model.path='~/no_such_model_here'"], "actor_rollout_ref.model.path", "no such folder"),
+    (["actor_rollout_ref.model.path=builtin://huge"], "actor_rollout_ref.model.path", "builtin://tiny"),
+    (["data.tokenizer=/no/such/tokenizer"], "data.tokenizer", "no such folder"),
+    (["debug.load_rollout_data='/tmp/r_{rollout_id}.pt'", "debug.rollout_only=true"], "debug.load_rollout_data", "rollout_only"),
+    (["debug.rollout_only=true", "debug.train_only=true"], "debug.train_only", "rollout_only"),
+    (["debug.save_train_output='/tmp/o_{rollout_id}.pt'"], "debug.save_train_output", "{rank}"),
+    (["async_training.sync_transport=nccl"], "async_training.sync_transport", "trainer.device=cuda"),
+    (["async_training.sync_transport=hccl", "trainer.device=cuda"], "async_training.sync_transport", "trainer.device=npu"),
+    (["actor_rollout_ref.actor.foo=1"], "actor_rollout_ref.actor.foo", "unknown key"),
+    (["+data.bar=1"], "data.bar", "unknown key"),
+    (["nosuchsection.x=1"], "nosuchsection", "unknown key"),
+    (["actor_rollout_ref.actor.ppo_mini_batchsize=2"], "actor_rollout_ref.actor.ppo_mini_batchsize",
+     "did you mean actor_rollout_ref.actor.ppo_mini_batch_size"),
+    (["actor_rollout_ref.actor.fsdp_config.nope=1"], "actor_rollout_ref.actor.fsdp_config.nope", "unknown key"),
+    (["trainer.nnodes=x"], "trainer.nnodes", "expected an integer"),
+    (["actor_rollout_ref.rollout.temperature=hot"], "actor_rollout_ref.rollout.temperature", "expected a number"),
+    (["trainer.val_before_train=maybe"], "trainer.val_before_train", "true or false"),
+    (["actor_rollout_ref.actor.optim.betas=0.9"], "actor_rollout_ref.actor.optim.betas", "expected a list"),
+    (["trainer.logger=[console,swanlab]"], "trainer.logger", "unknown value 'swanlab'"),
+    (["~trainer.device"], "trainer.device", "no value"),
+    (["trainer.default_local_dir=${trainer.nope}"], "trainer.default_local_dir", "trainer.nope"),
+    (["actor_rollout_ref.model.lora_rank=8"], "actor_rollout_ref.model.lora_rank", "LoRA"),
+    (["reward_model.enable=true"], "reward_model.enable", "not supported"),
+    (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "n >= 2"),
+    (["async_training.queue_capacity=2"], "async_training.queue_capacity", "one trainer step of 4"),
+    (["trainer.resume_mode=resume_path"], "trainer.resume_from_path", "must be set"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "actor_rollout_ref.rollout.tensor_model_parallel_size",
+     "rollout's 1 devices"),
+    (["actor_rollout_ref.rollout.max_model_len=100"], "actor_rollout_ref.rollout.max_model_len", "prompt_length"),
+    (["custom_reward_function.path=/no/such/reward.py"], "custom_reward_function.path", "no such file"),
+    (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"], "actor_rollout_ref.actor.megatron",
+     "fully_async_ppo_megatron_trainer"),
+    (["actor_rollout_ref.actor.optim.lr_decay_style=cosine"], "actor_rollout_ref.actor.optim.lr_decay_style",
+     "Megatron optimizer key"),
+    (["actor_rollout_ref.actor.strategy=megatron"], "actor_rollout_ref.actor.megatron", "fully_async_ppo_megatron_trainer"),
+]
+
+
+MEGATRON_BAD = [
+    (["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3"],
+     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "does not divide the trainer's 4 devices"),
+    (["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+      "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3"],
+     "actor_rollout_ref.actor.ppo_mini_batch_size", "divided by the model-parallel size 2"),
+    (["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=0"],
+     "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", ">= 1"),
+    (["actor_rollout_ref.actor.optim.lr_decay_style=exp"], "actor_rollout_ref.actor.optim.lr_decay_style", "cosine"),
+    (["actor_rollout_ref.ref.strategy=fsdp2"], "actor_rollout_ref.ref.strategy", "must equal"),
+]
+
+
+CASES = [(FSDP, *case) for case in BAD] + [(MEGATRON, *case) for case in MEGATRON_BAD]
+
+
+@pytest.mark.parametrize("name,overrides,key,words", CASES, ids=[f"{c[0][-16:]}: {' '.join(c[1])}" for c in CASES])
+def test_bad_config_names_the_key(name, overrides, key, words):
+    with pytest.raises(ConfigError) as info:
+        check(overrides, name)
+    msg = str(info.value)
+    assert msg.startswith(key + ": "), msg
+    assert words in msg, msg
+    assert "\n" not in msg and info.value.key == key
+
+
+def test_paths_that_are_accepted(parquet, tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for path in ["Qwen/Qwen2.5-0.5B-Instruct", "builtin://tiny", str(model_dir)]:
+        assert check([f"actor_rollout_ref.model.path={path}"]).actor_rollout_ref.model.path == path
+    cfg = check([f"data.train_files=[{parquet},builtin://train]", f"data.val_files={parquet}"])
+    assert list(cfg.data.train_files) == [parquet, "builtin://train"]
+    assert check(["data.val_files=null"]).data.val_files is None
+
+
+def test_a_file_is_not_a_model_folder(parquet):
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.model\.path: .* is a file"):
+        check([f"actor_rollout_ref.model.path={parquet}"])
+
+
+# --------------------------------------------------------------------------- compat keys
+def test_compat_key_warns_once_by_name(caplog):
+    reset_compat_warnings()
+    overrides = ["data.return_raw_chat=True", "actor_rollout_ref.rollout.mode=sync",
+                 "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True"]
+    with caplog.at_level(logging.WARNING, logger="verl_async.config"):
+        check(overrides)
+        check(overrides)
+    text = [r.getMessage() for r in caplog.records]
+    for key in ["data.return_raw_chat", "actor_rollout_ref.rollout.mode",
+                "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload"]:
+        assert sum(m.startswith(key + "=") for m in text) == 1, text
+    assert len(text) == 3
+
+
+def test_compat_keys_at_default_are_silent(caplog):
+    reset_compat_warnings()
+    with caplog.at_level(logging.WARNING, logger="verl_async.config"):
+        check(["data.return_raw_chat=False", "actor_rollout_ref.hybrid_engine=False"])
+        check([], MEGATRON)
+    assert caplog.records == []
+
+
+def test_compat_defaults_match_the_yaml():
+    """Each listed key exists in a composed config, with the listed default."""
+    configs = [check([]), check([], MEGATRON)]
+    for key, compat in COMPAT_KEYS.items():
+        found = [OmegaConf.select(c, key, default="<absent>") for c in configs]
+        values = [OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in found if v != "<absent>"]
+        assert values, f"{key} is in COMPAT_KEYS but in no config"
+        assert all(v == compat.default for v in values), (key, values, compat.default)
+    assert compat_keys_set(configs[0]) == compat_keys_set(configs[1]) == []
+
+
+# --------------------------------------------------------------------------- helpers
+def test_hydra_argv_rewrites(tmp_path):
+    (tmp_path / "myconf").mkdir()
+    argv = ["--config-path=config", "--config-name=x.yaml", "a.b=1", "+c.d=2", "~e.f", "++g.h=3", "top=1",
+            "actor@actor_rollout_ref.actor=megatron_actor", "hydra.run.dir=/tmp/x", "--cfg", "job", "-cp", "myconf"]
+    out = hydra_argv(argv, cwd=str(tmp_path))
+    assert out == [f"--config-path={REPO_ROOT / 'config'}", "--config-name=x.yaml", "++a.b=1", "+c.d=2", "~e.f",
+                   "++g.h=3", "top=1", "actor@actor_rollout_ref.actor=megatron_actor", "hydra.run.dir=/tmp/x",
+                   "--cfg", "job", "-cp", str(tmp_path / "myconf")]
+
+
+def test_choice_lists_match_the_implementations():
+    """schema.py repeats the registries (it may not import torch); they must agree."""
+    import importlib
+
+    from verl_async import algos, data, reward
+    from verl_async.utils import device
+
+    rollout_correction = importlib.import_module("verl_async.algos.rollout_correction")
+
+    assert S.DEVICES == tuple(device.DEVICE_KINDS)
+    assert S.ADV_ESTIMATORS == tuple(algos.ADVANTAGE_ESTIMATORS)
+    assert S.LOSS_AGG_MODES == tuple(algos.LOSS_AGG_MODES)
+    assert set(S.KL_TYPES) == set(algos.KL_KINDS)
+    assert S.CORRECTION_LEVELS == rollout_correction.LEVELS and S.CORRECTION_MODES == rollout_correction.MODES
+    assert S.TRUNCATIONS == tuple(data.TRUNCATION_MODES)
+    assert S.REWARD_MANAGERS == tuple(reward.REWARD_MANAGERS)
+
+
+def test_validate_accepts_a_plain_dict():
+    cfg = OmegaConf.to_container(compose(FSDP), resolve=True)
+    assert validate(cfg).actor_rollout_ref.rollout.n == 4

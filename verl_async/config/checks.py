@@ -1,0 +1,266 @@
+"""Rules that involve more than one key, or the file system.
+
+Each check takes the typed config and raises ConfigError naming the key to fix. They
+run in the order written, after types and per-key rules (schema.py) have passed, so a
+check may assume every value has its declared type. Register a new one with @check.
+Checks may fill values that verl derives (e.g. the per-GPU micro-batch from verl's
+global one); they say so in their docstring.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable, List
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from verl_async.config import derived
+from verl_async.config.errors import ConfigError
+
+Check = Callable[[DictConfig], None]
+CHECKS: List[Check] = []
+
+BUILTIN_PREFIX = "builtin://"
+BUILTIN_MODELS = ("tiny",)
+
+
+def check(fn: Check) -> Check:
+    CHECKS.append(fn)
+    return fn
+
+
+# --------------------------------------------------------------------------- helpers
+def _looks_local(path: str) -> bool:
+    return path.startswith(("/", ".", "~"))
+
+
+def _has_scheme(path: str) -> bool:
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
+
+
+def _file_list(key: str, value: Any, *, required: bool) -> List[str]:
+    if value is None or (isinstance(value, (list, ListConfig)) and len(value) == 0):
+        if required:
+            raise ConfigError(key, "no file given (a parquet path, builtin://NAME, or a list of them)")
+        return []
+    items = list(value) if isinstance(value, (list, ListConfig)) else [value]
+    for item in items:
+        if not isinstance(item, str) or not item:
+            raise ConfigError(key, f"expected a file path or a list of them, got {item!r}")
+    return items
+
+
+def _check_files(key: str, value: Any, *, required: bool) -> None:
+    for path in _file_list(key, value, required=required):
+        if path.startswith(BUILTIN_PREFIX):
+            if not path[len(BUILTIN_PREFIX):]:
+                raise ConfigError(key, f"{path!r} names no built-in dataset (builtin://NAME)")
+            continue
+        if _has_scheme(path):
+            raise ConfigError(key, f"{path!r}: remote paths are not supported; copy the file to local disk")
+        if not os.path.exists(os.path.expanduser(path)):
+            where = "" if os.path.isabs(os.path.expanduser(path)) else f" (relative to {os.getcwd()})"
+            raise ConfigError(key, f"no such file: {path}{where}")
+
+
+def _check_local_dir(key: str, path: str) -> None:
+    full = os.path.expanduser(path)
+    if not os.path.exists(full):
+        raise ConfigError(key, f"no such folder: {path}")
+    if not os.path.isdir(full):
+        raise ConfigError(key, f"{path} is a file; expected a model folder")
+
+
+# --------------------------------------------------------------------------- strategy
+@check
+def strategy_sections(cfg: DictConfig) -> None:
+    if cfg.actor_rollout_ref.ref.strategy != cfg.actor_rollout_ref.actor.strategy:
+        raise ConfigError("actor_rollout_ref.ref.strategy", "must equal actor_rollout_ref.actor.strategy")
+
+
+@check
+def unsupported_features(cfg: DictConfig) -> None:
+    if cfg.actor_rollout_ref.model.lora_rank > 0:
+        raise ConfigError("actor_rollout_ref.model.lora_rank", "LoRA is not supported by verl_async; set it to 0")
+    if cfg.reward_model.enable:
+        raise ConfigError("reward_model.enable", "model-based reward models are not supported; rewards are rule-based")
+
+
+# --------------------------------------------------------------------------- batches
+def _dp_formula(cfg: DictConfig) -> str:
+    world, mp = derived.trainer_world_size(cfg), derived.model_parallel_size(cfg)
+    text = f"trainer.nnodes * trainer.n_gpus_per_node = {world}"
+    return text if mp == 1 else f"{text}, divided by the model-parallel size {mp}"
+
+
+def _micro_per_gpu(cfg: DictConfig, node: DictConfig, key: str, global_name: str, per_gpu_name: str) -> None:
+    """verl's deprecated global micro-batch -> per-GPU (global // data-parallel size)."""
+    global_mb = node[global_name]
+    if global_mb is None:
+        return
+    dp = derived.trainer_dp_size(cfg)
+    if global_mb % dp:
+        raise ConfigError(f"{key}.{global_name}", f"{global_mb} is not divisible by the data-parallel size {dp}")
+    node[per_gpu_name] = global_mb // dp
+
+
+@check
+def parallel_sizes(cfg: DictConfig) -> None:
+    world = derived.trainer_world_size(cfg)
+    mp = derived.model_parallel_size(cfg)
+    if world % mp:
+        if cfg.actor_rollout_ref.actor.strategy == "megatron":
+            key, what = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "tensor * pipeline * context parallel size"
+        else:
+            key, what = "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "ulysses sequence parallel size"
+        raise ConfigError(key, f"{what} {mp} does not divide the trainer's {world} devices (trainer.nnodes * trainer.n_gpus_per_node)")
+    rollout_devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if rollout_devices % tp:
+        raise ConfigError(
+            "actor_rollout_ref.rollout.tensor_model_parallel_size",
+            f"{tp} does not divide the rollout's {rollout_devices} devices (rollout.nnodes * rollout.n_gpus_per_node)",
+        )
+
+
+@check
+def mini_batch_divides(cfg: DictConfig) -> None:
+    """Also turns verl's global micro-batch sizes into the per-GPU ones."""
+    actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
+    dp = derived.trainer_dp_size(cfg)
+    responses = actor.ppo_mini_batch_size * n
+    if responses % dp:
+        raise ConfigError(
+            "actor_rollout_ref.actor.ppo_mini_batch_size",
+            f"ppo_mini_batch_size * rollout.n = {actor.ppo_mini_batch_size} * {n} = {responses} responses is not "
+            f"divisible by the trainer's data-parallel size {dp} ({_dp_formula(cfg)})",
+        )
+    aref = "actor_rollout_ref"
+    _micro_per_gpu(cfg, actor, f"{aref}.actor", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu")
+    _micro_per_gpu(cfg, cfg[aref].ref, f"{aref}.ref", "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu")
+    _micro_per_gpu(cfg, cfg[aref].rollout, f"{aref}.rollout", "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu")
+    if not actor.use_dynamic_bsz:
+        micro = actor.ppo_micro_batch_size_per_gpu
+        if micro is None:
+            raise ConfigError(f"{aref}.actor.ppo_micro_batch_size_per_gpu", "must be set when use_dynamic_bsz=false")
+        per_rank = responses // dp
+        if per_rank % micro:
+            raise ConfigError(
+                f"{aref}.actor.ppo_micro_batch_size_per_gpu",
+                f"{micro} does not divide the {per_rank} responses each of the {dp} data-parallel ranks gets per "
+                f"mini-batch (ppo_mini_batch_size * rollout.n / data-parallel size)",
+            )
+    users = [("ref", derived.uses_reference_policy(cfg)), ("rollout", derived.recomputes_old_log_probs(cfg))]
+    for role, used in users:
+        node = cfg[aref][role]
+        if used and not node.log_prob_use_dynamic_bsz and node.log_prob_micro_batch_size_per_gpu is None:
+            raise ConfigError(f"{aref}.{role}.log_prob_micro_batch_size_per_gpu", "must be set when log_prob_use_dynamic_bsz=false")
+
+
+@check
+def group_size(cfg: DictConfig) -> None:
+    est, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    if est in ("grpo", "rloo") and n < 2:
+        raise ConfigError("actor_rollout_ref.rollout.n", f"algorithm.adv_estimator={est} compares responses within a group; needs n >= 2, got {n}")
+
+
+@check
+def queue_capacity(cfg: DictConfig) -> None:
+    cap, need = cfg.async_training.queue_capacity, derived.required_samples(cfg)
+    if cap is not None and cap < need:
+        raise ConfigError(
+            "async_training.queue_capacity",
+            f"{cap} groups cannot hold one trainer step of {need} (ppo_mini_batch_size * require_batches)",
+        )
+
+
+@check
+def lengths(cfg: DictConfig) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.max_model_len is not None and rollout.max_model_len < rollout.prompt_length + rollout.response_length:
+        raise ConfigError(
+            "actor_rollout_ref.rollout.max_model_len",
+            f"{rollout.max_model_len} < prompt_length + response_length = {rollout.prompt_length + rollout.response_length}",
+        )
+
+
+# --------------------------------------------------------------------------- devices
+@check
+def sync_transport(cfg: DictConfig) -> None:
+    transport, device = cfg.async_training.sync_transport, cfg.trainer.device
+    needs = {"nccl": "cuda", "hccl": "npu"}.get(transport)
+    if needs is not None and device != needs:
+        raise ConfigError(
+            "async_training.sync_transport",
+            f"{transport} needs trainer.device={needs}, got {device}; use object_store (works on every device)",
+        )
+
+
+# --------------------------------------------------------------------------- files
+@check
+def data_files(cfg: DictConfig) -> None:
+    """Values may be a path, builtin://NAME (resolved by verl_async.data) or a list of them."""
+    _check_files("data.train_files", cfg.data.train_files, required=True)
+    _check_files("data.val_files", cfg.data.val_files, required=False)
+
+
+@check
+def model_paths(cfg: DictConfig) -> None:
+    """HF ids are accepted as is (no hub access here); local-looking paths must exist."""
+    for key in ("actor_rollout_ref.model.path", "data.tokenizer"):
+        path = OmegaConf.select(cfg, key)
+        if path is None:
+            continue
+        if path.startswith(BUILTIN_PREFIX):
+            if path[len(BUILTIN_PREFIX):] not in BUILTIN_MODELS:
+                raise ConfigError(key, f"unknown built-in model {path!r}; known: " + ", ".join(BUILTIN_PREFIX + m for m in BUILTIN_MODELS))
+        elif _has_scheme(path):
+            raise ConfigError(key, f"{path!r}: remote paths are not supported; use a local folder or an HF id")
+        elif _looks_local(path) or os.path.exists(os.path.expanduser(path)):
+            _check_local_dir(key, path)
+
+
+@check
+def custom_reward_function(cfg: DictConfig) -> None:
+    path = cfg.custom_reward_function.path
+    if path and (path.endswith(".py") or _looks_local(path)) and not os.path.isfile(os.path.expanduser(path)):
+        raise ConfigError("custom_reward_function.path", f"no such file: {path}")
+
+
+@check
+def resume(cfg: DictConfig) -> None:
+    t = cfg.trainer
+    if t.resume_mode == "resume_path":
+        if not t.resume_from_path:
+            raise ConfigError("trainer.resume_from_path", "must be set when trainer.resume_mode=resume_path")
+        if not os.path.exists(os.path.expanduser(t.resume_from_path)):
+            raise ConfigError("trainer.resume_from_path", f"no such checkpoint: {t.resume_from_path}")
+
+
+# --------------------------------------------------------------------------- debug
+@check
+def debug_modes(cfg: DictConfig) -> None:
+    """load_rollout_data implies train_only (slime semantics); this sets it."""
+    d = cfg.debug
+    if d.load_rollout_data:
+        if d.rollout_only:
+            raise ConfigError("debug.load_rollout_data", "implies train-only and cannot be combined with debug.rollout_only=true")
+        if d.save_rollout_data:
+            raise ConfigError("debug.load_rollout_data", "cannot be combined with debug.save_rollout_data")
+        parent = os.path.dirname(os.path.expanduser(d.load_rollout_data)) or "."
+        if not os.path.isdir(parent):
+            raise ConfigError("debug.load_rollout_data", f"no such folder: {parent}")
+        d.train_only = True
+    if d.rollout_only and d.train_only:
+        raise ConfigError("debug.train_only", "cannot be combined with debug.rollout_only=true")
+    placeholders = {
+        "debug.save_rollout_data": ("{rollout_id}",),
+        "debug.load_rollout_data": ("{rollout_id}",),
+        "debug.save_train_output": ("{rollout_id}", "{rank}"),
+    }
+    for key, needed in placeholders.items():
+        pattern = OmegaConf.select(cfg, key)
+        missing = [p for p in needed if pattern and p not in pattern]
+        if missing:
+            raise ConfigError(key, f"the path pattern must contain {' and '.join(needed)} (missing {', '.join(missing)})")

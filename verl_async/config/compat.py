@@ -1,0 +1,130 @@
+"""verl keys that verl_async accepts but does not use, and verl spellings it maps.
+
+COMPAT_KEYS lists every key that is accepted only so that verl launch scripts run
+unchanged. When a run sets one to a value other than its default, a warning names
+the key once per process. A module that starts to use one of these keys removes it
+from the list. A dict default covers a free-form node: each entry set under it is
+named by its full key.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, NamedTuple, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("verl_async.config")
+
+
+class Compat(NamedTuple):
+    default: Any
+    why: str = ""
+
+
+_UNUSED_FSDP = "verl_async's FSDP2/Megatron workers do not use it"
+
+COMPAT_KEYS: Dict[str, Compat] = {
+    "data.train_batch_size": Compat(0, "each trainer step takes ppo_mini_batch_size * async_training.require_batches prompts"),
+    "data.val_batch_size": Compat(None),
+    "data.return_raw_input_ids": Compat(False),
+    "data.return_raw_chat": Compat(False, "prompts are always kept as chat messages"),
+    "data.return_full_prompt": Compat(False),
+    "data.use_shm": Compat(False),
+    "data.dataloader_num_workers": Compat(0),
+    "data.filter_overlong_prompts_workers": Compat(1),
+    "data.custom_cls": Compat({"path": None, "name": None}, "custom dataset classes are not supported"),
+    "data.apply_chat_template_kwargs": Compat({}),
+    "actor_rollout_ref.hybrid_engine": Compat(False, "rollout and training never share devices in fully async mode"),
+    "actor_rollout_ref.nccl_timeout": Compat(600),
+    "actor_rollout_ref.model.use_fused_kernels": Compat(False, _UNUSED_FSDP),
+    "actor_rollout_ref.model.fused_kernel_options": Compat({"impl_backend": "torch"}, _UNUSED_FSDP),
+    "actor_rollout_ref.model.use_liger": Compat(False, _UNUSED_FSDP),
+    "actor_rollout_ref.model.use_shm": Compat(False),
+    "actor_rollout_ref.model.external_lib": Compat(None),
+    "actor_rollout_ref.model.enable_activation_offload": Compat(False, _UNUSED_FSDP),
+    "actor_rollout_ref.model.lora_alpha": Compat(16, "LoRA is not supported"),
+    "actor_rollout_ref.model.target_modules": Compat("all-linear", "LoRA is not supported"),
+    "actor_rollout_ref.model.exclude_modules": Compat(None, "LoRA is not supported"),
+    "actor_rollout_ref.actor.optim.override_optimizer_config": Compat({}),
+    "actor_rollout_ref.actor.megatron.use_mbridge": Compat(False, "weights are converted by verl_async itself"),
+    "actor_rollout_ref.actor.megatron.use_dist_checkpointing": Compat(False, "the model loads from actor_rollout_ref.model.path"),
+    "actor_rollout_ref.actor.megatron.dist_checkpointing_path": Compat(None),
+    "actor_rollout_ref.ref.megatron.use_dist_checkpointing": Compat(False, "the model loads from actor_rollout_ref.model.path"),
+    "actor_rollout_ref.ref.megatron.dist_checkpointing_path": Compat(None),
+    "actor_rollout_ref.rollout.mode": Compat("async", "generation is always asynchronous"),
+    "actor_rollout_ref.rollout.calculate_log_probs": Compat(True, "rollout log-probs are always recorded"),
+    "actor_rollout_ref.rollout.free_cache_engine": Compat(True, "rollout engines keep their memory"),
+    "trainer.critic_warmup": Compat(0, "there is no critic"),
+    "trainer.default_hdfs_dir": Compat(None),
+    "trainer.del_local_ckpt_after_load": Compat(False),
+    "trainer.max_critic_ckpt_to_keep": Compat(None, "there is no critic"),
+    "trainer.ray_wait_register_center_timeout": Compat(300),
+    "trainer.esi_redundant_time": Compat(0),
+    "trainer.use_legacy_worker_impl": Compat("auto"),
+    "async_training.checkpoint_engine.bypass_cpu": Compat(False),
+    "critic": Compat({}, "there is no critic"),
+    "global_profiler": Compat({}),
+}
+
+# verl spellings copied onto the key verl_async reads: (from, to).
+ALIASES: Tuple[Tuple[str, str], ...] = (
+    ("ray_kwargs.ray_init.num_cpus", "ray_init.num_cpus"),
+    ("ray_kwargs.timeline_json_file", "ray_init.timeline_json_file"),
+)
+
+_ABSENT = object()
+_warned: set = set()
+
+
+def _changed(key: str, value: Any, default: Any) -> List[Tuple[str, Any]]:
+    if isinstance(value, dict) and isinstance(default, dict):
+        out: List[Tuple[str, Any]] = []
+        for k, v in value.items():
+            out += _changed(f"{key}.{k}", v, default.get(k, _ABSENT))
+        return out
+    return [] if value == default else [(key, value)]
+
+
+def compat_keys_set(cfg: DictConfig) -> List[Tuple[str, Any]]:
+    """(full key, value) of every compatibility-only key set to a non-default value."""
+    out: List[Tuple[str, Any]] = []
+    for key, compat in COMPAT_KEYS.items():
+        node = OmegaConf.select(cfg, key, default=_ABSENT)
+        if node is _ABSENT:
+            continue
+        value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        out += _changed(key, value, compat.default)
+    return out
+
+
+def _why(key: str) -> str:
+    for prefix, compat in COMPAT_KEYS.items():
+        if key == prefix or key.startswith(prefix + "."):
+            return compat.why
+    return ""
+
+
+def warn_once(key: str, message: str) -> bool:
+    """Log `message` unless a warning about `key` was logged before in this process."""
+    if key in _warned:
+        return False
+    _warned.add(key)
+    log.warning(message)
+    return True
+
+
+def warn_compat_keys(cfg: DictConfig) -> List[str]:
+    """Log one warning per compatibility-only key set in `cfg` (once per process); return them."""
+    fresh = []
+    for key, value in compat_keys_set(cfg):
+        why = _why(key)
+        message = f"{key}={value!r} is accepted for verl compatibility but not used by verl_async"
+        if warn_once(key, message + (f" ({why})" if why else "")):
+            fresh.append(key)
+    return fresh
+
+
+def reset_compat_warnings() -> None:
+    """Forget which keys were warned about (tests)."""
+    _warned.clear()

@@ -1,0 +1,52 @@
+"""Quantities derived from a validated config (one definition each, shared by all modules)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def trainer_world_size(cfg: Any) -> int:
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def model_parallel_size(cfg: Any) -> int:
+    """Ranks that hold one model replica: ulysses SP (FSDP) or TP * PP * CP (Megatron)."""
+    actor = cfg.actor_rollout_ref.actor
+    if actor.strategy == "megatron":
+        mc = actor.megatron
+        return mc.tensor_model_parallel_size * mc.pipeline_model_parallel_size * mc.context_parallel_size
+    return actor.ulysses_sequence_parallel_size
+
+
+def trainer_dp_size(cfg: Any) -> int:
+    """Data-parallel size of the trainer: a mini-batch is split into this many equal parts."""
+    return trainer_world_size(cfg) // model_parallel_size(cfg)
+
+
+def required_samples(cfg: Any) -> int:
+    """Prompt groups the Trainer takes per step: ppo_mini_batch_size * require_batches."""
+    return cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.async_training.require_batches
+
+
+def max_required_samples(cfg: Any) -> int:
+    """Most groups the Rollouter may produce per parameter version (verl's formula)."""
+    from verl_async.rollout import staleness
+
+    at = cfg.async_training
+    return staleness.max_required_samples(required_samples(cfg), at.trigger_parameter_sync_step, at.staleness_threshold)
+
+
+def rollout_replicas(cfg: Any) -> int:
+    """Inference engine replicas: rollout devices / rollout tensor-parallel size."""
+    devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    return devices // cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+
+
+def uses_reference_policy(cfg: Any) -> bool:
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+
+
+def recomputes_old_log_probs(cfg: Any) -> bool:
+    """The trainer recomputes old log-probs unless it uses the rollout's (bypass mode)."""
+    at = cfg.async_training
+    return bool(not at.use_rollout_log_probs or at.compute_prox_log_prob)

@@ -1,0 +1,73 @@
+"""Checks against the machine, after validate(): the device exists, the data files read.
+
+validate() looks at the config alone (fast, no torch); preflight() opens things, so
+the entry point runs it once before starting Ray. Data files are resolved and
+schema-checked with verl_async.data, the code the Rollouter loads them with. Problems
+raise ConfigError naming the key that points at the bad thing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional
+
+from omegaconf import DictConfig, ListConfig
+
+from verl_async.config import derived
+from verl_async.config.errors import ConfigError
+
+
+def preflight(cfg: DictConfig) -> Dict[str, Any]:
+    """Check device, model folder and data; return facts for the summary (rows per split)."""
+    check_device(cfg)
+    check_model_folder(cfg)
+    rows = {split: count_rows(cfg, split) for split in ("train", "val")}
+    train_rows = rows["train"]
+    need = derived.required_samples(cfg)
+    if train_rows is not None and train_rows < need:
+        raise ConfigError(
+            "actor_rollout_ref.actor.ppo_mini_batch_size",
+            f"one trainer step needs {need} prompts (ppo_mini_batch_size * async_training.require_batches) "
+            f"but data.train_files has only {train_rows} rows",
+        )
+    return {"rows": rows}
+
+
+def check_device(cfg: DictConfig) -> None:
+    """On a local run the driver's machine is the one that trains, so its device must exist."""
+    if cfg.ray_init.address or os.environ.get("RAY_ADDRESS"):
+        return  # joining a cluster: the workers' nodes hold the devices
+    from verl_async.utils import device
+
+    try:
+        device.resolve(cfg.trainer.device)
+    except device.DeviceUnavailableError as exc:
+        raise ConfigError("trainer.device", str(exc).removeprefix(f"trainer.device={cfg.trainer.device} ")) from None
+
+
+def check_model_folder(cfg: DictConfig) -> None:
+    """A local model folder (validate() made sure it exists) must hold an HF config."""
+    path = os.path.expanduser(cfg.actor_rollout_ref.model.path)
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError("actor_rollout_ref.model.path", f"{cfg.actor_rollout_ref.model.path} has no config.json (not an HF model folder)")
+
+
+def count_rows(cfg: DictConfig, split: str) -> Optional[int]:
+    """Rows in data.<split>_files, each file read and schema-checked by verl_async.data.
+
+    builtin:// datasets are generated (and cached) here on first use. None when unset.
+    """
+    from verl_async.data import DataError, check_schema, read_table, resolve_data_files
+
+    key, value = f"data.{split}_files", cfg.data[f"{split}_files"]
+    if value is None or (isinstance(value, ListConfig) and len(value) == 0):
+        return None
+    total = 0
+    try:
+        for path in resolve_data_files(value, key):
+            table = read_table(path, key)
+            check_schema(table, path, cfg.data.prompt_key, cfg.data.reward_fn_key)
+            total += table.num_rows
+    except (DataError, FileNotFoundError, ValueError) as exc:
+        raise ConfigError(key, str(exc).removeprefix(f"{key}: ")) from None
+    return total

@@ -1,0 +1,499 @@
+"""Typed schema of the Hydra config (config/*.yaml), as OmegaConf structured dataclasses.
+
+The YAML files hold the default VALUES; these dataclasses hold the TYPES and the
+simple per-key rules (allowed choices, bounds). Fields have no defaults on purpose:
+a key that is in the schema but not in the YAML shows up as "no value", a key in the
+YAML but not in the schema as "unknown key", so the two cannot drift apart silently.
+The Megatron variant (MegatronRootConfig) adds the `megatron` sections and the
+Megatron optimizer keys; validate() picks it when actor.strategy=megatron.
+
+To add a key: put its default in the YAML and a typed field here, e.g.
+    my_key: int = rule(ge=1)            # or a plain annotation: my_key: int
+Cross-key rules go in verl_async/config/checks.py. Free-form nodes are Dict[str, Any].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from verl_async.utils.tracking import SUPPORTED_LOGGERS as LOGGERS
+
+# Allowed values. They mirror the registries of the modules that implement them
+# (verl_async.algos, .data, .reward, .utils), which import torch/pyarrow; this module
+# must not, so tests/test_config.py checks that the lists agree.
+ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# kl|k1, abs, mse|k2, low_var_kl|k3; a "+" suffix takes k2's gradient (straight-through), as in verl
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")
+KL_CTRL_TYPES = ("fixed", "adaptive")
+POLICY_LOSS_MODES = ("vanilla",)
+ROLLOUT_NAMES = ("native", "vllm")
+ROLLOUT_DTYPES = ("bfloat16", "float16", "float32", "bf16", "fp16", "fp32")
+TRUNCATIONS = ("error", "left", "right", "middle")
+DEVICES = ("cuda", "npu", "cpu")  # == verl_async.utils.device.DEVICE_KINDS (not imported: it pulls in torch)
+RESUME_MODES = ("auto", "disable", "resume_path")
+STRATEGIES = ("fsdp", "fsdp2", "megatron")  # fsdp (verl's FSDP1) runs as fsdp2
+SYNC_TRANSPORTS = ("object_store", "nccl", "hccl")
+REWARD_MANAGERS = ("naive", "dapo")
+LR_SCHEDULERS = ("constant", "cosine")
+MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+CORRECTION_LEVELS = ("token", "sequence", "geometric")
+CORRECTION_MODES = ("truncate", "clip", "mask")
+
+
+def rule(*, choices=None, ge=None, gt=None, le=None) -> Any:
+    """A schema field with no default and simple value rules, checked by validate().
+
+    A None value always passes (Optional fields); for list fields `choices` applies to
+    each element.
+    """
+    meta = {k: v for k, v in dict(choices=choices, ge=ge, gt=gt, le=le).items() if v is not None}
+    return field(metadata=meta)
+
+
+schema = dataclass(kw_only=True)
+
+
+# --------------------------------------------------------------------------- data
+@schema
+class CustomClsConfig:
+    path: Optional[str]
+    name: Optional[str]
+
+
+@schema
+class DataConfig:
+    tokenizer: Optional[str]
+    use_shm: bool
+    train_files: Any  # a path, builtin://NAME, or a list of them
+    val_files: Any
+    prompt_key: str
+    reward_fn_key: str
+    max_prompt_length: int = rule(gt=0)
+    max_response_length: int = rule(gt=0)
+    train_batch_size: int
+    gen_batch_size: int = rule(ge=1)
+    val_batch_size: Optional[int]
+    return_raw_input_ids: bool
+    return_raw_chat: bool
+    return_full_prompt: bool
+    shuffle: bool
+    seed: Optional[int]
+    filter_overlong_prompts: bool
+    filter_overlong_prompts_workers: int
+    truncation: str = rule(choices=TRUNCATIONS)
+    trust_remote_code: bool
+    dataloader_num_workers: int = rule(ge=0)
+    skip_bad_rows: bool
+    custom_cls: CustomClsConfig
+    apply_chat_template_kwargs: Dict[str, Any]
+
+
+# --------------------------------------------------------------------------- model
+@schema
+class FusedKernelOptions:
+    impl_backend: str
+
+
+@schema
+class ModelConfig:
+    path: str
+    custom_chat_template: Optional[str]
+    external_lib: Optional[str]
+    override_config: Dict[str, Any]
+    enable_gradient_checkpointing: bool
+    enable_activation_offload: bool
+    use_remove_padding: bool
+    use_fused_kernels: bool
+    fused_kernel_options: FusedKernelOptions
+    use_liger: bool
+    trust_remote_code: bool
+    use_shm: bool
+    lora_rank: int = rule(ge=0)
+    lora_alpha: float
+    target_modules: Any  # "all-linear" or a list of module names
+    exclude_modules: Any
+
+
+# --------------------------------------------------------------------------- actor
+@schema
+class PolicyLossConfig:
+    loss_mode: str = rule(choices=POLICY_LOSS_MODES)
+
+
+@schema
+class RolloutCorrectionConfig:
+    enable: bool
+    level: str = rule(choices=CORRECTION_LEVELS)
+    mode: str = rule(choices=CORRECTION_MODES)
+    lower: Optional[float] = rule(gt=0)
+    upper: Optional[float] = rule(gt=0)  # None: no upper bound
+    rs: bool
+    rs_level: Optional[str] = rule(choices=CORRECTION_LEVELS)
+    rs_lower: Optional[float] = rule(ge=0)
+    rs_upper: Optional[float] = rule(gt=0)
+    veto_threshold: Optional[float] = rule(ge=0, le=1)
+    batch_normalize: bool
+
+
+@schema
+class OptimConfig:
+    lr: float = rule(ge=0)
+    lr_warmup_steps: int
+    lr_warmup_steps_ratio: float = rule(ge=0, le=1)
+    min_lr_ratio: Optional[float] = rule(ge=0, le=1)
+    num_cycles: float
+    lr_scheduler_type: str = rule(choices=LR_SCHEDULERS)
+    warmup_style: Optional[str] = rule(choices=LR_SCHEDULERS)  # verl's old name of lr_scheduler_type
+    total_training_steps: int
+    weight_decay: float = rule(ge=0)
+    betas: List[float]
+    eps: float = rule(gt=0)
+    clip_grad: float = rule(ge=0)
+    override_optimizer_config: Dict[str, Any]
+
+
+@schema
+class MegatronOptimConfig(OptimConfig):
+    optimizer: str
+    lr_decay_steps: Optional[int]
+    lr_decay_style: str = rule(choices=MCORE_LR_DECAY_STYLES)
+    lr_warmup_init: float
+    min_lr: float = rule(ge=0)
+    weight_decay_incr_style: str
+    lr_wsd_decay_style: str
+    lr_wsd_decay_steps: Optional[int]
+    use_checkpoint_opt_param_scheduler: bool
+
+
+@schema
+class MixedPrecisionConfig:
+    param_dtype: str
+    reduce_dtype: str
+
+
+@schema
+class WrapPolicyConfig:
+    min_num_params: int = rule(ge=0)
+
+
+@schema
+class FSDPConfig:
+    param_offload: bool
+    optimizer_offload: bool
+    offload_policy: bool
+    reshard_after_forward: bool
+    fsdp_size: int
+    forward_prefetch: bool
+    mixed_precision: MixedPrecisionConfig
+    wrap_policy: WrapPolicyConfig
+
+
+@schema
+class RefFSDPConfig:
+    param_offload: bool
+    reshard_after_forward: bool
+    wrap_policy: WrapPolicyConfig
+
+
+@schema
+class MegatronConfig:
+    param_offload: bool
+    tensor_model_parallel_size: int = rule(ge=1)
+    expert_model_parallel_size: int = rule(ge=1)
+    expert_tensor_parallel_size: Optional[int] = rule(ge=1)
+    pipeline_model_parallel_size: int = rule(ge=1)
+    virtual_pipeline_model_parallel_size: Optional[int] = rule(ge=1)
+    context_parallel_size: int = rule(ge=1)
+    sequence_parallel: bool
+    use_distributed_optimizer: bool
+    use_dist_checkpointing: bool
+    dist_checkpointing_path: Optional[str]
+    seed: int
+    use_mbridge: bool
+    override_transformer_config: Dict[str, Any]
+
+
+@schema
+class ActorMegatronConfig(MegatronConfig):
+    grad_offload: bool
+    optimizer_offload: bool
+
+
+@schema
+class CheckpointConfig:
+    save_contents: List[str]
+    load_contents: List[str]
+
+
+@schema
+class ActorConfig:
+    strategy: str = rule(choices=STRATEGIES)
+    ppo_mini_batch_size: int = rule(gt=0)
+    ppo_micro_batch_size: Optional[int] = rule(gt=0)  # verl's global micro-batch; converted to per-GPU
+    ppo_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
+    use_dynamic_bsz: bool
+    ppo_max_token_len_per_gpu: int = rule(gt=0)
+    ppo_epochs: int = rule(ge=1)
+    shuffle: bool
+    grad_clip: float = rule(ge=0)
+    clip_ratio: float = rule(ge=0)
+    clip_ratio_low: Optional[float] = rule(ge=0)
+    clip_ratio_high: Optional[float] = rule(ge=0)
+    clip_ratio_c: float = rule(gt=1)
+    loss_agg_mode: str = rule(choices=LOSS_AGG_MODES)
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float = rule(ge=0)
+    kl_loss_type: str = rule(choices=KL_TYPES)
+    use_torch_compile: bool
+    ulysses_sequence_parallel_size: int = rule(ge=1)
+    entropy_from_logits_with_chunking: bool
+    entropy_checkpointing: bool
+    use_rollout_log_probs: bool
+    policy_loss: PolicyLossConfig
+    rollout_correction: RolloutCorrectionConfig
+    optim: OptimConfig
+    fsdp_config: FSDPConfig
+    checkpoint: CheckpointConfig
+
+
+@schema
+class RefConfig:
+    strategy: str = rule(choices=STRATEGIES)
+    use_torch_compile: bool
+    log_prob_micro_batch_size: Optional[int] = rule(gt=0)
+    log_prob_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int = rule(gt=0)
+    ulysses_sequence_parallel_size: int = rule(ge=1)
+    fsdp_config: RefFSDPConfig
+
+
+# --------------------------------------------------------------------------- rollout
+@schema
+class ValKwargsConfig:
+    top_k: int = rule(ge=-1)
+    top_p: float = rule(gt=0, le=1)
+    temperature: float = rule(ge=0)
+    n: int = rule(ge=1)
+    do_sample: bool
+
+
+@schema
+class RolloutConfig:
+    name: str = rule(choices=ROLLOUT_NAMES)
+    mode: str
+    n: int = rule(ge=1)
+    temperature: float = rule(ge=0)
+    top_k: int = rule(ge=-1)
+    top_p: float = rule(gt=0, le=1)
+    do_sample: bool
+    prompt_length: int = rule(gt=0)
+    response_length: int = rule(gt=0)
+    dtype: str = rule(choices=ROLLOUT_DTYPES)
+    ignore_eos: bool
+    calculate_log_probs: bool
+    tensor_model_parallel_size: int = rule(ge=1)
+    gpu_memory_utilization: float = rule(gt=0, le=1)
+    max_num_batched_tokens: int = rule(gt=0)
+    max_model_len: Optional[int] = rule(gt=0)
+    max_num_seqs: int = rule(ge=1)
+    kv_cache_tokens: Optional[int] = rule(gt=0)
+    enforce_eager: bool
+    free_cache_engine: bool
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    load_format: str
+    disable_log_stats: bool
+    seed: int
+    log_prob_micro_batch_size: Optional[int] = rule(gt=0)
+    log_prob_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int = rule(gt=0)
+    val_kwargs: ValKwargsConfig
+    engine_kwargs: Dict[str, Any]
+
+
+@schema
+class ActorRolloutRefConfig:
+    hybrid_engine: bool
+    nccl_timeout: int = rule(gt=0)
+    model: ModelConfig
+    actor: ActorConfig
+    ref: RefConfig
+    rollout: RolloutConfig
+
+
+# --------------------------------------------------------------------------- the rest
+@schema
+class CustomRewardFunctionConfig:
+    path: Optional[str]
+    name: str
+
+
+@schema
+class KLCtrlConfig:
+    type: str = rule(choices=KL_CTRL_TYPES)
+    kl_coef: float = rule(ge=0)
+    horizon: int = rule(gt=0)
+    target_kl: float = rule(gt=0)
+
+
+@schema
+class AlgorithmConfig:
+    gamma: float = rule(ge=0, le=1)
+    lam: float = rule(ge=0, le=1)
+    adv_estimator: str = rule(choices=ADV_ESTIMATORS)
+    norm_adv_by_std_in_grpo: bool
+    use_kl_in_reward: bool
+    kl_penalty: str = rule(choices=KL_TYPES)
+    kl_ctrl: KLCtrlConfig
+    max_staleness: Optional[int] = rule(ge=0)
+
+
+@schema
+class RewardModelConfig:
+    enable: bool
+    reward_manager: str = rule(choices=REWARD_MANAGERS)
+    launch_reward_fn_async: bool
+    timeout_s: float = rule(gt=0)
+    num_workers: int = rule(ge=1)
+    reward_kwargs: Dict[str, Any]
+
+
+@schema
+class TrainerConfig:
+    balance_batch: bool
+    total_epochs: int = rule(ge=1)
+    total_training_steps: Optional[int] = rule(gt=0)
+    project_name: str
+    experiment_name: str
+    logger: Any = rule(choices=LOGGERS)  # a list of loggers (a single name is accepted)
+    log_val_generations: int = rule(ge=0)
+    rollout_data_dir: Optional[str]
+    validation_data_dir: Optional[str]
+    nnodes: int = rule(ge=1)
+    n_gpus_per_node: int = rule(ge=1)
+    save_freq: int
+    resume_mode: str = rule(choices=RESUME_MODES)
+    resume_from_path: Optional[str]
+    val_before_train: bool
+    val_only: bool
+    test_freq: int
+    critic_warmup: int
+    default_hdfs_dir: Optional[str]
+    del_local_ckpt_after_load: bool
+    default_local_dir: str
+    max_actor_ckpt_to_keep: Optional[int] = rule(ge=1)
+    max_critic_ckpt_to_keep: Optional[int]
+    ray_wait_register_center_timeout: int
+    esi_redundant_time: float
+    use_legacy_worker_impl: str
+    device: str = rule(choices=DEVICES)
+    seed: int
+
+
+@schema
+class RolloutResourcesConfig:
+    nnodes: int = rule(ge=1)
+    n_gpus_per_node: int = rule(ge=1)
+    total_rollout_steps: Optional[int] = rule(gt=0)
+    total_epochs: int = rule(ge=1)
+    test_freq: int
+
+
+@schema
+class CheckpointEngineConfig:
+    enable: bool
+    overlap_broadcast_and_consume: bool
+    device_buffer_size_M: int = rule(gt=0)
+    bypass_cpu: bool
+
+
+@schema
+class AsyncTrainingConfig:
+    staleness_threshold: float = rule(ge=0)
+    trigger_parameter_sync_step: int = rule(ge=1)
+    require_batches: int = rule(ge=1)
+    partial_rollout: bool
+    use_rollout_log_probs: bool
+    compute_prox_log_prob: bool
+    queue_capacity: Optional[int] = rule(ge=1)
+    sync_transport: str = rule(choices=SYNC_TRANSPORTS)
+    sync_bucket_size_mb: int = rule(gt=0)
+    checkpoint_engine: CheckpointEngineConfig
+
+
+@schema
+class DebugConfig:
+    rollout_only: bool
+    train_only: bool
+    save_rollout_data: Optional[str]
+    load_rollout_data: Optional[str]
+    save_train_output: Optional[str]
+
+
+@schema
+class RayInitConfig:
+    address: Optional[str]
+    num_cpus: Optional[int] = rule(ge=1)
+    timeline_json_file: Optional[str]
+
+
+@schema
+class RayKwargsInitConfig:
+    num_cpus: Optional[int] = rule(ge=1)
+
+
+@schema
+class RayKwargsConfig:
+    ray_init: RayKwargsInitConfig
+    timeline_json_file: Optional[str]
+
+
+@schema
+class RootConfig:
+    data: DataConfig
+    actor_rollout_ref: ActorRolloutRefConfig
+    custom_reward_function: CustomRewardFunctionConfig
+    algorithm: AlgorithmConfig
+    critic: Dict[str, Any]
+    reward_model: RewardModelConfig
+    trainer: TrainerConfig
+    rollout: RolloutResourcesConfig
+    async_training: AsyncTrainingConfig
+    debug: DebugConfig
+    ray_init: RayInitConfig
+    ray_kwargs: RayKwargsConfig
+    global_profiler: Dict[str, Any]
+
+
+
+# --------------------------------------------------------------------------- megatron
+@schema
+class MegatronActorConfig(ActorConfig):
+    optim: MegatronOptimConfig
+    megatron: ActorMegatronConfig
+
+
+@schema
+class MegatronRefConfig(RefConfig):
+    megatron: MegatronConfig
+
+
+@schema
+class MegatronActorRolloutRefConfig(ActorRolloutRefConfig):
+    actor: MegatronActorConfig
+    ref: MegatronRefConfig
+
+
+@schema
+class MegatronRootConfig(RootConfig):
+    actor_rollout_ref: MegatronActorRolloutRefConfig
+
+
+def root_schema(strategy: Any) -> type:
+    """The schema class for a trainer strategy (actor_rollout_ref.actor.strategy)."""
+    return MegatronRootConfig if strategy == "megatron" else RootConfig

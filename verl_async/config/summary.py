@@ -1,0 +1,41 @@
+"""A short, human summary of a validated config, printed by the entry point at start."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from omegaconf import DictConfig
+
+from verl_async.config import derived
+
+
+def _files(value: Any) -> str:
+    return value if isinstance(value, str) else ", ".join(value or []) or "-"
+
+
+def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
+    arr, at, t = cfg.actor_rollout_ref, cfg.async_training, cfg.trainer
+    rows = (facts or {}).get("rows", {})
+
+    def data_line(split: str) -> str:
+        n = rows.get(split)
+        return _files(cfg.data[f"{split}_files"]) + (f"  ({n} rows)" if n is not None else "")
+
+    lines = [
+        f"model        {arr.model.path}",
+        f"data         train: {data_line('train')}",
+        f"             val:   {data_line('val')}",
+        f"trainer      {arr.actor.strategy} on {t.nnodes}x{t.n_gpus_per_node} {t.device}, "
+        f"data-parallel {derived.trainer_dp_size(cfg)}",
+        f"rollout      {arr.rollout.name} engine, {derived.rollout_replicas(cfg)} replica(s) "
+        f"(tp {arr.rollout.tensor_model_parallel_size}), n={arr.rollout.n}, "
+        f"max {cfg.data.max_prompt_length}+{cfg.data.max_response_length} tokens",
+        f"algorithm    {cfg.algorithm.adv_estimator}, loss {arr.actor.loss_agg_mode}, "
+        f"kl_loss {'on' if arr.actor.use_kl_loss else 'off'}, kl_in_reward {'on' if cfg.algorithm.use_kl_in_reward else 'off'}",
+        f"per step     {derived.required_samples(cfg)} groups ({derived.required_samples(cfg) * arr.rollout.n} responses); "
+        f"sync every {at.trigger_parameter_sync_step} step(s) via {at.sync_transport}",
+        f"staleness    threshold {at.staleness_threshold} -> at most {derived.max_required_samples(cfg)} groups "
+        f"per parameter version; partial_rollout {'on' if at.partial_rollout else 'off'}",
+        f"outputs      {t.default_local_dir}  (loggers: {', '.join(t.logger)})",
+    ]
+    return "\n".join(lines)
