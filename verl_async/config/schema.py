@@ -105,6 +105,7 @@ class ModelConfig:
     enable_gradient_checkpointing: bool
     enable_activation_offload: bool
     use_remove_padding: bool
+    attn_implementation: str = rule(choices=("auto", "sdpa", "eager", "flash_attention_2", "varlen"))
     use_fused_kernels: bool
     fused_kernel_options: FusedKernelOptions
     use_liger: bool
@@ -389,6 +390,7 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: Optional[int] = rule(ge=1)
     max_critic_ckpt_to_keep: Optional[int]
     ray_wait_register_center_timeout: int
+    worker_timeout_s: float = rule(gt=0)
     esi_redundant_time: float
     use_legacy_worker_impl: str
     device: str = rule(choices=DEVICES)
