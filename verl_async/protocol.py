@@ -38,6 +38,8 @@ class Response:
     replica: int = -1
     start_time: float = 0.0
     end_time: float = 0.0
+    # How the scheduler produced it (P-DSR: probe, moved, regenerated_tokens), for the lengths log.
+    sched: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.log_probs) == len(self.versions)):

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import time
+import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Iterable, Optional, Protocol, Sequence
 
@@ -91,8 +92,9 @@ class Rollouter:
         total_prompts: Optional[int] = None,
         timeline: Optional[Timeline] = None,
         lengths_log: Optional[str] = None,
-        seed: int = 0,
         version: int = 0,
+        scheduling: str = "plain",
+        scheduling_kwargs: Optional[dict[str, Any]] = None,
     ) -> None:
         if not engines:
             raise ValueError("Rollouter needs at least one engine replica")
@@ -108,7 +110,6 @@ class Rollouter:
         self.total_prompts = total_prompts
         self.timeline = timeline or Timeline(None, time.time())
         self.lengths_log = lengths_log
-        self.seed = seed
         self.version = version
         self.counters = RolloutCounters()
         self._inflight: dict[str, tuple[PromptTask, asyncio.Task]] = {}
@@ -123,6 +124,8 @@ class Rollouter:
         self._busy_since: Optional[float] = None
         self._failure: Optional[BaseException] = None
         self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
+        self._serial = 0
+        self.policy = build_policy(scheduling, self, **dict(scheduling_kwargs or {}))
         if lengths_log:
             os.makedirs(os.path.dirname(os.path.abspath(lengths_log)), exist_ok=True)
 
@@ -184,12 +187,14 @@ class Rollouter:
     async def _run_group(self, item: PromptTask) -> None:
         version_start = self.version
         submit = self.timeline.now()
-        results = await asyncio.gather(*(self._generate_one(item, i) for i in range(self.n)))
-        if any(r is None for r in results):
+        results = await self.policy.generate_group(item)
+        if results is None or any(r is None for r in results):
             self.counters.dropped_groups_engine_error += 1
             logger.warning("group %s dropped after repeated engine errors", item.uid)
             return
-        responses: list[Response] = list(results)  # type: ignore[arg-type]
+        responses: list[Response] = list(results)
+        if len(responses) != self.n:
+            raise RuntimeError(f"scheduling policy returned {len(responses)} responses for {item.uid}, expected {self.n}")
         scores = await self.scorer(item, responses)
         for resp, (reward, info) in zip(responses, scores):
             resp.reward = float(reward)
@@ -211,24 +216,54 @@ class Rollouter:
         await self.sink.put(sample)
         self.counters.finished_groups += 1
 
-    def _pick_engine(self) -> int:
-        return min(range(len(self.engines)), key=lambda i: self._requests_per_engine[i])
+    def pick_engine(self, candidates: Optional[Sequence[int]] = None) -> int:
+        """The least loaded replica among `candidates` (all by default)."""
+        pool = range(len(self.engines)) if candidates is None else candidates
+        return min(pool, key=lambda i: self._requests_per_engine[i])
 
-    async def _generate_one(self, item: PromptTask, i: int) -> Optional[Response]:
-        prefix = GenerateResult(request_id="", token_ids=[], log_probs=[], versions=[], finish_reason="abort")
-        seed = None if self.sampling.seed is None else hash((self.sampling.seed, item.uid, i)) % (2**31)
+    def response_seed(self, item: PromptTask, i: int) -> Optional[int]:
+        """Per-response seed, stable across processes and runs (no Python hash randomisation)."""
+        if self.sampling.seed is None:
+            return None
+        return zlib.crc32(f"{self.sampling.seed}/{item.uid}/{i}".encode()) & 0x7FFFFFFF
+
+    async def generate_one(
+        self,
+        item: PromptTask,
+        i: int,
+        *,
+        engines: Optional[Sequence[int]] = None,
+        max_tokens: Optional[int] = None,
+        prefix: Optional[Response] = None,
+    ) -> Optional[Response]:
+        """Response `i` of `item`: retried on engine errors, continued across syncs (partial rollout).
+
+        `engines` restricts the replicas it may run on, `max_tokens` caps the whole response
+        (prefix included) below the sampling default, `prefix` continues an earlier response
+        (its tokens keep their log-probs and versions). None after repeated engine errors.
+        """
+        state = GenerateResult(
+            request_id="",
+            token_ids=list(prefix.token_ids) if prefix else [],
+            log_probs=list(prefix.log_probs) if prefix else [],
+            versions=list(prefix.versions) if prefix else [],
+            finish_reason="abort",
+        )
+        sampling = replace(self.sampling, seed=self.response_seed(item, i))
+        if max_tokens is not None:
+            sampling = replace(sampling, max_tokens=min(int(max_tokens), self.sampling.max_tokens))
         errors = 0
-        started = None
+        started = prefix.start_time if prefix else None
         while True:
             await self._open.wait()
-            idx = self._pick_engine()
+            idx = self.pick_engine(engines)
             request = GenerateRequest(
-                request_id=f"{item.uid}/{i}/{self.counters.aborted_requests}",
+                request_id=f"{item.uid}/{i}/{self._request_serial()}",
                 prompt_ids=item.prompt_ids,
-                sampling=replace(self.sampling, seed=seed),
-                prefix_token_ids=prefix.token_ids,
-                prefix_log_probs=prefix.log_probs,
-                prefix_versions=prefix.versions,
+                sampling=sampling,
+                prefix_token_ids=state.token_ids,
+                prefix_log_probs=state.log_probs,
+                prefix_versions=state.versions,
             )
             started = started if started is not None else self.timeline.now()
             self._request_started(idx)
@@ -237,9 +272,9 @@ class Rollouter:
                 result = await self.engines[idx].generate(request)
             finally:
                 self._request_finished(idx)
+            new_tokens = len(result.token_ids) - len(state.token_ids)
             self.timeline.record(
-                f"rollout/replica{idx}", "generate", t0, self.timeline.now(), self.version,
-                tokens=len(result.token_ids) - len(prefix.token_ids),
+                f"rollout/replica{idx}", "generate", t0, self.timeline.now(), self.version, tokens=max(0, new_tokens)
             )
             if result.error is not None:
                 errors += 1
@@ -248,12 +283,12 @@ class Rollouter:
                 if errors > self.MAX_ENGINE_RETRIES:
                     return None
                 continue
-            self.counters.generated_tokens += len(result.token_ids) - len(prefix.token_ids)
+            self.counters.generated_tokens += new_tokens
             if result.finish_reason == "abort":
                 self.counters.aborted_requests += 1
-                prefix = result
-                if len(result.token_ids) > 0:
+                if new_tokens > 0:
                     self.counters.continued_requests += 1
+                state = result
                 continue
             return Response(
                 token_ids=list(result.token_ids),
@@ -264,6 +299,10 @@ class Rollouter:
                 start_time=started,
                 end_time=self.timeline.now(),
             )
+
+    def _request_serial(self) -> int:
+        self._serial += 1
+        return self._serial
 
     def _request_started(self, idx: int) -> None:
         self._requests_per_engine[idx] += 1
@@ -302,9 +341,9 @@ class Rollouter:
                     "end": round(r.end_time, 6),
                     "min_version": r.min_version,
                     "max_version": r.max_version,
-                    "probe": False,
-                    "moved": False,
-                    "regenerated_tokens": 0,
+                    "probe": bool(r.sched.get("probe", False)),
+                    "moved": bool(r.sched.get("moved", False)),
+                    "regenerated_tokens": int(r.sched.get("regenerated_tokens", 0)),
                 }
                 for r in sample.responses
             ],
@@ -352,3 +391,32 @@ class Rollouter:
         self._poke()
         for _, task in self._inflight.values():
             task.cancel()
+
+
+# ---------------------------------------------------------------------- scheduling policies
+class PlainPolicy:
+    """All `n` responses at once, each on the least loaded replica."""
+
+    def __init__(self, rollouter: Rollouter) -> None:
+        self.rollouter = rollouter
+
+    async def generate_group(self, item: PromptTask) -> Optional[list[Response]]:
+        ro = self.rollouter
+        results = await asyncio.gather(*(ro.generate_one(item, i) for i in range(ro.n)))
+        return None if any(r is None for r in results) else list(results)  # type: ignore[arg-type]
+
+
+SCHEDULING_POLICIES: dict[str, str] = {
+    "plain": "verl_async.rollout.rollouter:PlainPolicy",
+    "pdsr": "verl_async.rollout.pdsr_policy:PDSRPolicy",
+}
+
+
+def build_policy(name: str, rollouter: Rollouter, **kwargs: Any) -> Any:
+    """A scheduling policy by name (async_training.long_tail / scheduling); never an if/else chain."""
+    import importlib
+
+    if name not in SCHEDULING_POLICIES:
+        raise ValueError(f"unknown rollout scheduling policy {name!r}; available: {sorted(SCHEDULING_POLICIES)}")
+    module, _, attr = SCHEDULING_POLICIES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)(rollouter, **kwargs)
