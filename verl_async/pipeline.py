@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from verl_async.models.builtin import resolve_model_path
 from verl_async.models.loading import load_tokenizer
 from verl_async.queue import MessageQueue
-from verl_async.rollout.service import RolloutService, required_samples
-from verl_async.rollout.staleness import max_required_samples
+from verl_async.config.derived import max_required_samples, required_samples
+from verl_async.rollout.service import RolloutService
 from verl_async.trainer.trainer import Trainer, load_rollout_groups
 from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
 
@@ -170,11 +170,7 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
     tokenizer = load_tokenizer(model_path, trust_remote_code=bool(cfg.actor_rollout_ref.model.trust_remote_code))
     train_only = bool(debug.get("train_only")) or bool(debug.get("load_rollout_data"))
     n = int(cfg.actor_rollout_ref.rollout.n)
-    limit = max_required_samples(
-        required_samples(cfg), int(cfg.async_training.trigger_parameter_sync_step),
-        float(cfg.async_training.staleness_threshold),
-    )
-    capacity = int(cfg.async_training.get("queue_capacity") or limit)
+    capacity = int(cfg.async_training.get("queue_capacity") or max_required_samples(cfg))
     queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(capacity, n)
     rollouter = None
     if not train_only:

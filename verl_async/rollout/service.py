@@ -24,7 +24,8 @@ from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.rollout.rollouter import PromptTask, Rollouter
-from verl_async.rollout.staleness import StalenessBudget, max_required_samples
+from verl_async.config.derived import max_required_samples, rollout_replicas
+from verl_async.rollout.staleness import StalenessBudget
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollout")
@@ -95,16 +96,6 @@ class QueueSink:
         return int(await self.queue.size.remote())
 
 
-def num_replicas(cfg: Any) -> int:
-    tp = int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size or 1)
-    devices = int(cfg.rollout.nnodes) * int(cfg.rollout.n_gpus_per_node)
-    return max(1, devices // tp)
-
-
-def required_samples(cfg: Any) -> int:
-    return int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * int(cfg.async_training.require_batches)
-
-
 def sampling_from(rollout_cfg: Any, eos_ids: Sequence[int], *, validation: bool = False) -> SamplingParams:
     src = rollout_cfg.val_kwargs if validation else rollout_cfg
     do_sample = bool(src.get("do_sample", True))
@@ -149,17 +140,14 @@ class RolloutService:
         )
         if engines is None:
             engines = start_replicas(
-                num_replicas(cfg), rollout_cfg, model_path, str(cfg.trainer.device),
+                max(1, rollout_replicas(cfg)), rollout_cfg, model_path, str(cfg.trainer.device),
                 trust_remote_code=bool(model_cfg.trust_remote_code),
                 override_config=dict(model_cfg.override_config or {}),
             )
         self.engines = list(engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.eos_ids = eos
-        required = required_samples(cfg)
-        trigger = int(cfg.async_training.trigger_parameter_sync_step)
-        threshold = float(cfg.async_training.staleness_threshold)
-        self.limit = max_required_samples(required, trigger, threshold)
+        self.limit = max_required_samples(cfg)
         n = int(rollout_cfg.n)
         total = cfg.rollout.total_rollout_steps
         max_seqs = int(rollout_cfg.max_num_seqs) * len(self.engines)
@@ -214,7 +202,7 @@ class RolloutService:
         c = self.rollouter.counters
         wall = max(1e-9, time.monotonic() - self._run_started)
         out = {f"rollout/{k}": float(v) for k, v in asdict(c).items()}
-        out["rollout/idle_ratio"] = max(0.0, 1.0 - c.busy_time_s / wall)
+        out["rollout/idle_ratio"] = max(0.0, 1.0 - self.rollouter.busy_seconds() / wall)
         out["rollout/tokens_per_s"] = c.generated_tokens / wall
         out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
         out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)
