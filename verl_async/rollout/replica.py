@@ -8,6 +8,7 @@ replicas on their own GPUs.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import ray
@@ -132,8 +133,11 @@ def start_replicas(
     """Start `count` replica actors and wait until each has loaded its model."""
     tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
     actor_cls = ray.remote(EngineReplica)
+    run_tag = uuid.uuid4().hex[:8]  # names show up in `ray list actors` and let operators find a replica
     handles = [
-        actor_cls.options(max_concurrency=1000, name=None, **replica_actor_options(device, tp)).remote(
+        actor_cls.options(
+            max_concurrency=1000, name=f"verl_async_replica{i}_{run_tag}", **replica_actor_options(device, tp)
+        ).remote(
             rollout_cfg, model_path, device, trust_remote_code=trust_remote_code,
             override_config=override_config, index=i,
         )

@@ -180,6 +180,21 @@ class RolloutService:
     def stop(self) -> None:
         self.rollouter.stop()
 
+    async def shutdown(self) -> None:
+        """Stop generating and end the engine replicas."""
+        import ray
+
+        self.rollouter.stop()
+        for engine in self.engines:
+            handle = getattr(engine, "handle", None)
+            try:
+                await engine.shutdown()
+            except Exception:  # noqa: BLE001 - a dead replica needs no shutdown
+                pass
+            if handle is not None:
+                ray.kill(handle)
+        self.reward.close()
+
     def total_prompts(self) -> int:
         """Prompts this run will generate (rollout.total_rollout_steps, else epochs x dataset)."""
         epochs_total = len(self.dataset) * int(self.cfg.rollout.total_epochs)
@@ -259,7 +274,12 @@ class RolloutService:
     def state_dict(self) -> dict:
         """Cursor + prompts taken but not queued yet (call while paused for a sync)."""
         pending = [asdict(t) for t in self.rollouter.pending_items()]
-        return {"iterator": self.iterator.state_dict(), "pending": pending, "version": self.rollouter.version}
+        return {
+            "iterator": self.iterator.state_dict(),
+            "pending": pending,
+            "version": self.rollouter.version,
+            "started_groups": self.rollouter.counters.started_groups,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any], queued_uids: Iterable[str] = ()) -> int:
         """Continue at the checkpointed cursor; redo pending prompts that are not already queued."""
@@ -268,4 +288,6 @@ class RolloutService:
         redo = [PromptTask(**p) for p in state.get("pending", []) if p["uid"] not in skip]
         self.source.push_front(redo)
         self.rollouter.version = int(state.get("version", 0))
+        # total_rollout_steps counts over the whole run: the redone prompts start again
+        self.rollouter.counters.started_groups = int(state.get("started_groups", 0)) - len(redo)
         return len(redo)

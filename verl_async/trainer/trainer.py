@@ -151,10 +151,11 @@ class Trainer:
         return self.version
 
     def _truncate_trained_log(self, step: int) -> None:
+        """Keep the record of the `step` steps the checkpoint holds; later ones were lost with the crash."""
         if not os.path.exists(self._trained_log):
             return
         with open(self._trained_log) as f:
-            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            keep = [line for line in f if line.strip() and json.loads(line)["step"] < step]
         with open(self._trained_log, "w") as f:
             f.writelines(keep)
 
