@@ -36,6 +36,7 @@ class EngineReplica:
         trust_remote_code: bool = False,
         override_config: Optional[Mapping[str, Any]] = None,
         index: int = 0,
+        engine_overrides: Optional[Mapping[str, Any]] = None,
     ) -> None:
         spec = device_layer.resolve(device)
         spec.set_current()
@@ -46,6 +47,7 @@ class EngineReplica:
             device=str(spec.torch_device),
             trust_remote_code=trust_remote_code,
             override_config=override_config,
+            **dict(engine_overrides or {}),
         )
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -128,14 +130,22 @@ def start_replicas(
     trust_remote_code: bool = False,
     override_config: Optional[Mapping[str, Any]] = None,
     timeout_s: float = 600,
+    engine_overrides: Optional[Sequence[Mapping[str, Any]]] = None,
 ) -> list[RemoteEngine]:
-    """Start `count` replica actors and wait until each has loaded its model."""
+    """Start `count` replica actors and wait until each has loaded its model.
+
+    `engine_overrides[i]`: engine keyword arguments for replica i only (P-DSR: a fast
+    replica's larger max_num_seqs).
+    """
     tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
+    if engine_overrides is not None and len(engine_overrides) != count:
+        raise ValueError(f"engine_overrides has {len(engine_overrides)} entries for {count} replicas")
     actor_cls = ray.remote(EngineReplica)
     handles = [
         actor_cls.options(max_concurrency=1000, name=None, **replica_actor_options(device, tp)).remote(
             rollout_cfg, model_path, device, trust_remote_code=trust_remote_code,
             override_config=override_config, index=i,
+            engine_overrides=engine_overrides[i] if engine_overrides is not None else None,
         )
         for i in range(count)
     ]

@@ -23,6 +23,7 @@ from verl_async.models import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
+from verl_async.rollout.pdsr_policy import scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.staleness import StalenessBudget, max_required_samples
 from verl_async.utils.timeline import Timeline
@@ -147,22 +148,27 @@ class RolloutService:
             cfg.reward_model, cfg.custom_reward_function, self.tokenizer,
             max_response_length=int(cfg.data.max_response_length),
         )
+        required = required_samples(cfg)
+        count = num_replicas(cfg) if engines is None else len(engines)
+        scheduling, scheduling_kwargs, capacities = scheduling_from_config(
+            cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs), required
+        )
         if engines is None:
             engines = start_replicas(
-                num_replicas(cfg), rollout_cfg, model_path, str(cfg.trainer.device),
+                count, rollout_cfg, model_path, str(cfg.trainer.device),
                 trust_remote_code=bool(model_cfg.trust_remote_code),
                 override_config=dict(model_cfg.override_config or {}),
+                engine_overrides=[{"max_num_seqs": c} for c in capacities],
             )
         self.engines = list(engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.eos_ids = eos
-        required = required_samples(cfg)
         trigger = int(cfg.async_training.trigger_parameter_sync_step)
         threshold = float(cfg.async_training.staleness_threshold)
         self.limit = max_required_samples(required, trigger, threshold)
         n = int(rollout_cfg.n)
         total = cfg.rollout.total_rollout_steps
-        max_seqs = int(rollout_cfg.max_num_seqs) * len(self.engines)
+        max_seqs = sum(capacities)
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
         self.rollouter = Rollouter(
             engines=self.engines,
@@ -177,7 +183,13 @@ class RolloutService:
             total_prompts=None if total in (None, -1) else int(total),
             timeline=self.timeline,
             lengths_log=os.path.join(run_dir, "rollout", "lengths.jsonl"),
+            scheduling=scheduling,
+            scheduling_kwargs=scheduling_kwargs,
+            engine_capacity=capacities,
         )
+        if scheduling != "plain":
+            logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
+                        ", ".join(f"{i}:{c} seqs" for i, c in enumerate(capacities)))
         self._run_started = time.monotonic()
 
     # ------------------------------------------------------------------ the loop
@@ -218,6 +230,7 @@ class RolloutService:
         out["rollout/tokens_per_s"] = c.generated_tokens / wall
         out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
         out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)
+        out.update(scheduling_metrics(self.rollouter, wall))
         out.update(self.reward.metrics())
         stats = self.dataset.stats
         out["data/bad_rows"] = float(stats.bad_rows)
