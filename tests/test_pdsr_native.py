@@ -139,6 +139,6 @@ def test_service_wires_long_tail_config(tiny_model_dir, tmp_path):
     assert isinstance(ro.policy, PDSRPolicy) and ro.policy.restart
     assert ro.policy.heavy == (2,) and ro.engine_capacity == [12, 12, 4]
     assert ro.policy.batch_size == int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
-    assert ro.max_inflight_groups == (12 + 12 + 4) // int(cfg.actor_rollout_ref.rollout.n)
+    assert ro.max_inflight_groups == (12 + 12 + 4) // int(cfg.actor_rollout_ref.rollout.n) + ro.policy.batch_size
     m = service.metrics()
     assert "pdsr/breaker_rate" in m and "rollout/replica2/busy_ratio" in m

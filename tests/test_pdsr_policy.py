@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -98,6 +99,7 @@ def make(
     targets=None,
     delay=0.0005,
     seed=0,
+    max_inflight=64,
     **kwargs,
 ):
     queue = MessageQueue(capacity=max(limit, num_prompts), group_size=n)
@@ -114,7 +116,7 @@ def make(
         sampling=SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=targets is not None),
         budget=RecordingBudget(limit),
         partial_rollout=partial,
-        max_inflight_groups=64,
+        max_inflight_groups=max_inflight,
         lengths_log=log,
         scheduling=scheduling,
         scheduling_kwargs=kwargs if scheduling == "pdsr" else {},
@@ -282,6 +284,20 @@ def test_partial_batch_is_planned_when_the_budget_stops_admission():
     assert sorted(g.uid for g in groups) == sorted(f"e0-i{i}" for i in range(10))
     assert ro.budget.starts == 10 and ro.budget.syncs == [0, 0]  # the budget counts groups, not requests
     assert all(len(g.responses) == 3 for g in groups)
+
+
+@pytest.mark.parametrize("max_inflight, batch_size, batches", [(4, 8, 3), (6, 3, 4)])
+def test_in_flight_limit_plans_full_batches_and_never_deadlocks(max_inflight, batch_size, batches):
+    """At the in-flight limit a batch waits for slots that other groups free, and is planned at
+    once when all groups in flight are its own (they could never free one): 10-12 prompts,
+    a 60 s timeout that must not be needed."""
+    count = 12 if batch_size == 3 else 10
+    ro, q = make(count, max_inflight=max_inflight, batch_size=batch_size, batch_timeout_s=60, max_tokens=12)
+    t0 = time.monotonic()
+    groups = asyncio.run(asyncio.wait_for(produce(ro, q), 30))
+    assert time.monotonic() - t0 < 20 and len(groups) == count
+    # (4, 8): 4 + 4 + 2 prompts (planned when all in flight are members); (6, 3): four full batches
+    assert ro.policy.stats.batches == batches and ro.policy.stats.prompts == count
 
 
 @settings(max_examples=12, deadline=None)

@@ -20,9 +20,9 @@ Per batch of admitted prompts (DESIGN.md "Long-tail scheduling (P-DSR)"):
 
 Batches: a prompt joins the open batch when its group starts. The batch closes when
 it holds ``batch_size`` prompts, when the Rollouter stops admitting (staleness budget,
-in-flight limit, a sync, the end of the data: ``on_admission_stalled``), or
-``batch_timeout_s`` after it opened (a safety net: the probe barrier must never wait
-for prompts that cannot come). The staleness budget is untouched: it still counts
+a sync, the end of the data; at the in-flight limit only when every group in flight
+is waiting for this batch: ``on_admission_stalled``), or ``batch_timeout_s`` after it
+opened (a safety net: the probe barrier must never wait for prompts that cannot come). The staleness budget is untouched: it still counts
 groups when they start, one per prompt, whatever the phases inside.
 
 Replicas: the LAST ``heavy_replicas`` indices are heavy, the others fast (the same
@@ -85,7 +85,8 @@ class _Batch:
     members: list["PromptTask"] = field(default_factory=list)
     probes: dict[int, Optional[Response]] = field(default_factory=dict)  # None: dropped
     closed: bool = False
-    planned: asyncio.Event = field(default_factory=asyncio.Event)
+    planned: bool = False
+    go: dict[int, asyncio.Event] = field(default_factory=dict)  # position -> set when its rest may start
     plan: Optional[pdsr.BatchPlan] = None
     valid: list[int] = field(default_factory=list)  # positions in the plan (plan index -> batch position)
     finals: dict[int, Optional[list[int]]] = field(default_factory=dict)  # plan index -> final lengths
@@ -105,7 +106,7 @@ class PDSRPolicy:
         heavy_replicas: int = 1,
         restart: bool = False,
         batch_size: int = 8,
-        batch_timeout_s: float = 1.0,
+        batch_timeout_s: float = 5.0,
         truth: str = "mean",
     ) -> None:
         key = "async_training.long_tail"
@@ -148,19 +149,30 @@ class PDSRPolicy:
             batch = self._open = _Batch()
             batch.timer = asyncio.get_running_loop().call_later(self.batch_timeout_s, self._close, batch)
         batch.members.append(item)
+        batch.go[len(batch.members) - 1] = asyncio.Event()
         if len(batch.members) >= self.batch_size:
             self._close(batch)
         return batch, len(batch.members) - 1
 
-    def on_admission_stalled(self) -> None:
-        """The Rollouter admits no group for now: close the open batch (after groups just started join it)."""
+    def on_admission_stalled(self, reason: str) -> None:
+        """The Rollouter admits no group for now (sync | budget | inflight | end).
+
+        At a sync, the budget's end or the data's end no prompt comes for a while: the open
+        batch is planned now. At the in-flight limit a slot frees when some group finishes,
+        so the batch keeps waiting unless every group in flight is one of its own members
+        (they wait for the plan and would never free a slot).
+        """
         # call_soon runs after the first step of every group task created before this call
         # (they join the open batch there), so groups started just before the stall are in it.
-        asyncio.get_running_loop().call_soon(self._close_open)
+        asyncio.get_running_loop().call_soon(self._on_stall, reason)
 
-    def _close_open(self) -> None:
-        if self._open is not None:
-            self._close(self._open)
+    def _on_stall(self, reason: str) -> None:
+        batch = self._open
+        if batch is None:
+            return
+        if reason == "inflight" and self.rollouter.inflight_groups > len(batch.members):
+            return
+        self._close(batch)
 
     def _close(self, batch: _Batch) -> None:
         if batch.closed:
@@ -177,7 +189,7 @@ class PDSRPolicy:
         self._maybe_plan(batch)
 
     def _maybe_plan(self, batch: _Batch) -> None:
-        if not batch.closed or batch.planned.is_set() or len(batch.probes) < len(batch.members):
+        if not batch.closed or batch.planned or len(batch.probes) < len(batch.members):
             return
         batch.valid = [p for p in range(len(batch.members)) if batch.probes[p] is not None]
         lengths = [len(batch.probes[p]) for p in batch.valid]  # type: ignore[arg-type]
@@ -186,7 +198,12 @@ class PDSRPolicy:
         if plan.fast:
             self.last_l_cut, self.last_fast_cap = plan.l_cut, plan.fast_cap
         batch.plan = plan
-        batch.planned.set()
+        batch.planned = True
+        # wake the groups longest probe first, so their rest requests reach the engines in rank order
+        for index in plan.order:
+            batch.go[batch.valid[index]].set()
+        for pos, event in batch.go.items():
+            event.set()  # dropped probes (no rest to run)
 
     def _group_done(self, batch: _Batch, index: int, lengths: Optional[list[int]]) -> None:
         batch.finals[index] = lengths
@@ -209,7 +226,7 @@ class PDSRPolicy:
         finally:
             if not reported:  # cancelled: the batch must not wait for this probe
                 self._probe_done(batch, pos, None)
-        await batch.planned.wait()
+        await batch.go[pos].wait()
         if probe is None:
             return None
         assert batch.plan is not None
@@ -272,9 +289,17 @@ def scheduling_from_config(
         "heavy_replicas": heavy,
         "restart": bool(get("restart", False)),
         "batch_size": int(get("batch_size") or required_samples),
-        "batch_timeout_s": float(get("batch_timeout_s", 1.0)),
+        "batch_timeout_s": float(get("batch_timeout_s", 5.0)),
     }
     return "pdsr", kwargs, capacities
+
+
+def max_inflight_groups(capacities: list[int], n: int, scheduling: str, kwargs: dict[str, Any]) -> int:
+    """Groups the Rollouter may hold in flight: enough to fill every replica's slots with n each;
+    P-DSR adds one batch, so the next batch probes while the last one runs its rest (a group
+    in its probe phase holds one request, not n)."""
+    base = max(1, sum(capacities) // max(1, n))
+    return base + int(kwargs.get("batch_size", 0)) if scheduling == "pdsr" else base
 
 
 def scheduling_metrics(rollouter: "Rollouter", wall_s: float) -> dict[str, float]:

@@ -157,7 +157,7 @@ class Rollouter:
                 break
             self._next_item = None
             self._start_group(item)
-        self._admission_stalled()
+        self._admission_stalled("end")
         while self._inflight:
             await asyncio.wait([t for _, t in self._inflight.values()])
             if self._failure:
@@ -172,7 +172,9 @@ class Rollouter:
         ):
             if self._failure:
                 raise self._failure
-            self._admission_stalled()
+            self._admission_stalled(
+                "sync" if not self._open.is_set() else "budget" if not self.budget.can_start() else "inflight"
+            )
             self._changed.clear()
             await self._changed.wait()
         if self._failure:
@@ -181,11 +183,16 @@ class Rollouter:
     def _poke(self) -> None:
         self._changed.set()
 
-    def _admission_stalled(self) -> None:
-        """No group is admitted for now: a policy that batches groups (P-DSR) must not wait for more."""
+    def _admission_stalled(self, reason: str) -> None:
+        """No group is admitted for now (reason: sync | budget | inflight | end); a policy that
+        batches groups (P-DSR) must not wait for more that cannot come."""
         hook = getattr(self.policy, "on_admission_stalled", None)
         if hook is not None:
-            hook()
+            hook(reason)
+
+    @property
+    def inflight_groups(self) -> int:
+        return len(self._inflight)
 
     def _start_group(self, item: PromptTask) -> None:
         self.budget.on_start()

@@ -23,7 +23,7 @@ from verl_async.models import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
-from verl_async.rollout.pdsr_policy import scheduling_from_config, scheduling_metrics
+from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.staleness import StalenessBudget, max_required_samples
 from verl_async.utils.timeline import Timeline
@@ -168,7 +168,6 @@ class RolloutService:
         self.limit = max_required_samples(required, trigger, threshold)
         n = int(rollout_cfg.n)
         total = cfg.rollout.total_rollout_steps
-        max_seqs = sum(capacities)
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
         self.rollouter = Rollouter(
             engines=self.engines,
@@ -179,7 +178,7 @@ class RolloutService:
             sampling=sampling_from(rollout_cfg, eos),
             budget=StalenessBudget(self.limit),
             partial_rollout=bool(cfg.async_training.partial_rollout),
-            max_inflight_groups=max(1, max_seqs // n),
+            max_inflight_groups=max_inflight_groups(capacities, n, scheduling, scheduling_kwargs),
             total_prompts=None if total in (None, -1) else int(total),
             timeline=self.timeline,
             lengths_log=os.path.join(run_dir, "rollout", "lengths.jsonl"),
