@@ -92,6 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--staleness", type=float, default=0.5)
     p.add_argument("--train-step-s", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=1, help="runs per mode; the median run is reported")
+    p.add_argument("--warmup-runs", type=int, default=None, help="untimed runs per mode first (default 0 on cpu, 1 else)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-cpus", type=int, default=None, help="Ray num_cpus (default: os.cpu_count())")
     p.add_argument("--out", default=None, help="JSON results path")
@@ -101,6 +102,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [m for m in args.modes if m not in MODES]
     if bad:
         p.error(f"--modes: unknown {bad}; choose from {MODES}")
+    if args.warmup_runs is None:
+        args.warmup_runs = 0 if args.device == "cpu" else 1
     heavy_indices(args.replicas, args.heavy_replicas)  # validates: P-DSR needs a fast and a heavy replica
     return args
 
@@ -181,10 +184,17 @@ class Sink:
             self.last_put = time.monotonic()
             self.cond.notify_all()
 
-    async def take(self, count: int, done) -> int:
-        async with self.cond:
-            await self.cond.wait_for(lambda: len(self.groups) >= count or done())
-            return len(self.groups)
+    async def take(self, count: int, rollout: asyncio.Task) -> int:
+        """Wait until `count` groups arrived (or the rollout ended); the number that did."""
+        while True:
+            async with self.cond:
+                try:
+                    await asyncio.wait_for(self.cond.wait_for(lambda: len(self.groups) >= count), 0.5)
+                    return len(self.groups)
+                except asyncio.TimeoutError:
+                    pass
+            if rollout.done():
+                return len(self.groups)
 
     async def size(self) -> int:
         return 0  # the stand-in trainer takes groups as they come (nothing waits in a queue)
@@ -232,7 +242,7 @@ async def run_mode(args, mode: str, engines, tasks: list[PromptTask], targets: d
     if args.required > 0:
         version, taken = 0, 0
         while taken < len(tasks):
-            got = await sink.take(min(taken + args.required, len(tasks)), rollout.done)
+            got = await sink.take(min(taken + args.required, len(tasks)), rollout)
             if got <= taken:
                 break
             taken = got
@@ -317,6 +327,8 @@ def main(argv=None) -> dict:
                     stop(old)
                 by_caps = {tuple(caps): start(args, path, caps)}
                 asyncio.run(warm(by_caps[tuple(caps)], tasks[0].prompt_ids, args))
+            for _ in range(args.warmup_runs):  # untimed: lazy CUDA-graph captures, allocator growth
+                asyncio.run(run_mode(args, mode, by_caps[tuple(caps)], tasks, targets, caps))
             runs = [asyncio.run(run_mode(args, mode, by_caps[tuple(caps)], tasks, targets, caps,
                                          os.path.join(args.run_dir, mode) if args.run_dir and k == 0 else None))
                     for k in range(args.repeats)]

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fakes import FakeEngine
+from tests.test_rollouter import ListSource, Sink
 from verl_async.config import schema as S
 from verl_async.queue import MessageQueue
 from verl_async.rollout import pdsr_policy, rollouter as rollouter_mod
@@ -33,35 +34,6 @@ from verl_async.rollout.pdsr_policy import (
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scripted import TargetLengthEngine, parse_request_id
 from verl_async.rollout.staleness import StalenessBudget, max_required_samples
-
-
-class ListSource:
-    def __init__(self, count: int):
-        self.items = [PromptTask(f"e0-i{i}", i, 0, [1, 2, i % 5 + 3]) for i in range(count)]
-        self.pos = 0
-
-    def next(self):
-        if self.pos >= len(self.items):
-            return None
-        self.pos += 1
-        return self.items[self.pos - 1]
-
-    def push_front(self, items):
-        self.items[self.pos : self.pos] = list(items)
-
-    def state_dict(self):
-        return {"pos": self.pos}
-
-
-class Sink:
-    def __init__(self, queue: MessageQueue):
-        self.queue = queue
-
-    async def put(self, sample):
-        await self.queue.put(sample)
-
-    async def size(self):
-        return self.queue.size()
 
 
 class RecordingBudget(StalenessBudget):
