@@ -8,6 +8,7 @@ replicas on their own GPUs.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import ray
@@ -141,8 +142,11 @@ def start_replicas(
     if engine_overrides is not None and len(engine_overrides) != count:
         raise ValueError(f"engine_overrides has {len(engine_overrides)} entries for {count} replicas")
     actor_cls = ray.remote(EngineReplica)
+    run_tag = uuid.uuid4().hex[:8]  # names show up in `ray list actors` and let operators find a replica
     handles = [
-        actor_cls.options(max_concurrency=1000, name=None, **replica_actor_options(device, tp)).remote(
+        actor_cls.options(
+            max_concurrency=1000, name=f"verl_async_replica{i}_{run_tag}", **replica_actor_options(device, tp)
+        ).remote(
             rollout_cfg, model_path, device, trust_remote_code=trust_remote_code,
             override_config=override_config, index=i,
             engine_overrides=engine_overrides[i] if engine_overrides is not None else None,

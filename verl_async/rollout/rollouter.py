@@ -330,6 +330,11 @@ class Rollouter:
         now = time.monotonic()
         return [b + (now - s if s is not None else 0.0) for b, s in zip(self.replica_busy_s, self._replica_busy_since)]
 
+    def busy_seconds(self) -> float:
+        """Time with at least one request on an engine, the running busy span included."""
+        running = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
+        return self.counters.busy_time_s + running
+
     def _request_serial(self) -> int:
         self._serial += 1
         return self._serial
