@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from verl_async.queue import MessageQueue
 from verl_async.rollout.engine import GenerateRequest, SamplingParams
 from verl_async.rollout.pdsr_policy import PDSRPolicy
 from verl_async.rollout.replica import start_replicas

@@ -31,7 +31,7 @@ from verl_async.rollout.pdsr_policy import (
     scheduling_from_config,
     scheduling_metrics,
 )
-from verl_async.rollout.rollouter import PromptTask, Rollouter
+from verl_async.rollout.rollouter import Rollouter
 from verl_async.rollout.scripted import TargetLengthEngine, parse_request_id
 from verl_async.rollout.staleness import StalenessBudget, max_required_samples
 

@@ -39,7 +39,6 @@ always.
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -50,8 +49,6 @@ from verl_async.rollout import pdsr
 
 if TYPE_CHECKING:
     from verl_async.rollout.rollouter import PromptTask, Rollouter
-
-logger = logging.getLogger("verl_async.pdsr")
 
 CAP_MODES = ("l_cut", "probe")
 TRUTHS = ("mean", "max")
