@@ -37,6 +37,7 @@ class EngineReplica:
         trust_remote_code: bool = False,
         override_config: Optional[Mapping[str, Any]] = None,
         index: int = 0,
+        engine_overrides: Optional[Mapping[str, Any]] = None,
     ) -> None:
         spec = device_layer.resolve(device)
         spec.set_current()
@@ -47,6 +48,7 @@ class EngineReplica:
             device=str(spec.torch_device),
             trust_remote_code=trust_remote_code,
             override_config=override_config,
+            **dict(engine_overrides or {}),
         )
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -129,9 +131,16 @@ def start_replicas(
     trust_remote_code: bool = False,
     override_config: Optional[Mapping[str, Any]] = None,
     timeout_s: float = 600,
+    engine_overrides: Optional[Sequence[Mapping[str, Any]]] = None,
 ) -> list[RemoteEngine]:
-    """Start `count` replica actors and wait until each has loaded its model."""
+    """Start `count` replica actors and wait until each has loaded its model.
+
+    `engine_overrides[i]`: engine keyword arguments for replica i only (P-DSR: a fast
+    replica's larger max_num_seqs).
+    """
     tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
+    if engine_overrides is not None and len(engine_overrides) != count:
+        raise ValueError(f"engine_overrides has {len(engine_overrides)} entries for {count} replicas")
     actor_cls = ray.remote(EngineReplica)
     run_tag = uuid.uuid4().hex[:8]  # names show up in `ray list actors` and let operators find a replica
     handles = [
@@ -140,6 +149,7 @@ def start_replicas(
         ).remote(
             rollout_cfg, model_path, device, trust_remote_code=trust_remote_code,
             override_config=override_config, index=i,
+            engine_overrides=engine_overrides[i] if engine_overrides is not None else None,
         )
         for i in range(count)
     ]

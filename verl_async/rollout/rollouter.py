@@ -15,6 +15,7 @@ This is a plain asyncio class; the recipe wraps it in an async Ray actor.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -95,6 +96,7 @@ class Rollouter:
         version: int = 0,
         scheduling: str = "plain",
         scheduling_kwargs: Optional[dict[str, Any]] = None,
+        engine_capacity: Optional[Sequence[int]] = None,
     ) -> None:
         if not engines:
             raise ValueError("Rollouter needs at least one engine replica")
@@ -114,6 +116,13 @@ class Rollouter:
         self.counters = RolloutCounters()
         self._inflight: dict[str, tuple[PromptTask, asyncio.Task]] = {}
         self._requests_per_engine = [0] * len(self.engines)
+        # concurrent sequences each replica runs (max_num_seqs); pick_engine balances load / capacity
+        self.engine_capacity = [max(1, int(c)) for c in (engine_capacity or [1] * len(self.engines))]
+        if len(self.engine_capacity) != len(self.engines):
+            raise ValueError(f"engine_capacity has {len(self.engine_capacity)} entries for {len(self.engines)} engines")
+        self.replica_busy_s = [0.0] * len(self.engines)  # time with >= 1 request on the replica
+        self._replica_busy_since: list[Optional[float]] = [None] * len(self.engines)
+        self.group_latencies: collections.deque[float] = collections.deque(maxlen=10000)  # submit -> finish, s
         self._open = asyncio.Event()  # set = generation allowed (not inside a sync)
         self._open.set()
         self._changed = asyncio.Event()  # wakes the admission loop
@@ -148,6 +157,7 @@ class Rollouter:
                 break
             self._next_item = None
             self._start_group(item)
+        self._admission_stalled("end")
         while self._inflight:
             await asyncio.wait([t for _, t in self._inflight.values()])
             if self._failure:
@@ -162,6 +172,9 @@ class Rollouter:
         ):
             if self._failure:
                 raise self._failure
+            self._admission_stalled(
+                "sync" if not self._open.is_set() else "budget" if not self.budget.can_start() else "inflight"
+            )
             self._changed.clear()
             await self._changed.wait()
         if self._failure:
@@ -169,6 +182,17 @@ class Rollouter:
 
     def _poke(self) -> None:
         self._changed.set()
+
+    def _admission_stalled(self, reason: str) -> None:
+        """No group is admitted for now (reason: sync | budget | inflight | end); a policy that
+        batches groups (P-DSR) must not wait for more that cannot come."""
+        hook = getattr(self.policy, "on_admission_stalled", None)
+        if hook is not None:
+            hook(reason)
+
+    @property
+    def inflight_groups(self) -> int:
+        return len(self._inflight)
 
     def _start_group(self, item: PromptTask) -> None:
         self.budget.on_start()
@@ -212,14 +236,15 @@ class Rollouter:
             param_version_end=self.version,
         )
         finish = self.timeline.now()
+        self.group_latencies.append(finish - submit)
         self._log_lengths(sample, submit, finish)
         await self.sink.put(sample)
         self.counters.finished_groups += 1
 
     def pick_engine(self, candidates: Optional[Sequence[int]] = None) -> int:
-        """The least loaded replica among `candidates` (all by default)."""
+        """The least loaded replica (requests / capacity) among `candidates` (all by default)."""
         pool = range(len(self.engines)) if candidates is None else candidates
-        return min(pool, key=lambda i: self._requests_per_engine[i])
+        return min(pool, key=lambda i: self._requests_per_engine[i] / self.engine_capacity[i])
 
     def response_seed(self, item: PromptTask, i: int) -> Optional[int]:
         """Per-response seed, stable across processes and runs (no Python hash randomisation)."""
@@ -300,6 +325,11 @@ class Rollouter:
                 end_time=self.timeline.now(),
             )
 
+    def replica_busy_seconds(self) -> list[float]:
+        """Per replica: seconds with at least one request on it (the current busy span included)."""
+        now = time.monotonic()
+        return [b + (now - s if s is not None else 0.0) for b, s in zip(self.replica_busy_s, self._replica_busy_since)]
+
     def busy_seconds(self) -> float:
         """Time with at least one request on an engine, the running busy span included."""
         running = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
@@ -311,6 +341,8 @@ class Rollouter:
 
     def _request_started(self, idx: int) -> None:
         self._requests_per_engine[idx] += 1
+        if self._requests_per_engine[idx] == 1:
+            self._replica_busy_since[idx] = time.monotonic()
         self._running_requests += 1
         if self._running_requests == 1:
             self._idle.clear()
@@ -318,6 +350,10 @@ class Rollouter:
 
     def _request_finished(self, idx: int) -> None:
         self._requests_per_engine[idx] -= 1
+        since = self._replica_busy_since[idx]
+        if self._requests_per_engine[idx] == 0 and since is not None:
+            self.replica_busy_s[idx] += time.monotonic() - since
+            self._replica_busy_since[idx] = None
         self._running_requests -= 1
         if self._running_requests == 0:
             self._idle.set()

@@ -23,8 +23,9 @@ from verl_async.models import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
+from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
-from verl_async.config.derived import max_required_samples, rollout_replicas
+from verl_async.config.derived import max_required_samples, required_samples, rollout_replicas
 from verl_async.rollout.staleness import StalenessBudget
 from verl_async.utils.timeline import Timeline
 
@@ -138,11 +139,17 @@ class RolloutService:
             cfg.reward_model, cfg.custom_reward_function, self.tokenizer,
             max_response_length=int(cfg.data.max_response_length),
         )
+        required = required_samples(cfg)
+        count = max(1, rollout_replicas(cfg)) if engines is None else len(engines)
+        scheduling, scheduling_kwargs, capacities = scheduling_from_config(
+            cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs), required
+        )
         if engines is None:
             engines = start_replicas(
-                max(1, rollout_replicas(cfg)), rollout_cfg, model_path, str(cfg.trainer.device),
+                count, rollout_cfg, model_path, str(cfg.trainer.device),
                 trust_remote_code=bool(model_cfg.trust_remote_code),
                 override_config=dict(model_cfg.override_config or {}),
+                engine_overrides=[{"max_num_seqs": c} for c in capacities],
             )
         self.engines = list(engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
@@ -150,7 +157,6 @@ class RolloutService:
         self.limit = max_required_samples(cfg)
         n = int(rollout_cfg.n)
         total = cfg.rollout.total_rollout_steps
-        max_seqs = int(rollout_cfg.max_num_seqs) * len(self.engines)
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
         self.rollouter = Rollouter(
             engines=self.engines,
@@ -161,11 +167,17 @@ class RolloutService:
             sampling=sampling_from(rollout_cfg, eos),
             budget=StalenessBudget(self.limit),
             partial_rollout=bool(cfg.async_training.partial_rollout),
-            max_inflight_groups=max(1, max_seqs // n),
+            max_inflight_groups=max_inflight_groups(capacities, n, scheduling, scheduling_kwargs),
             total_prompts=None if total in (None, -1) else int(total),
             timeline=self.timeline,
             lengths_log=os.path.join(run_dir, "rollout", "lengths.jsonl"),
+            scheduling=scheduling,
+            scheduling_kwargs=scheduling_kwargs,
+            engine_capacity=capacities,
         )
+        if scheduling != "plain":
+            logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
+                        ", ".join(f"{i}:{c} seqs" for i, c in enumerate(capacities)))
         self._run_started = time.monotonic()
 
     # ------------------------------------------------------------------ the loop
@@ -221,6 +233,7 @@ class RolloutService:
         out["rollout/tokens_per_s"] = c.generated_tokens / wall
         out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
         out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)
+        out.update(scheduling_metrics(self.rollouter, wall))
         out.update(self.reward.metrics())
         stats = self.dataset.stats
         out["data/bad_rows"] = float(stats.bad_rows)
