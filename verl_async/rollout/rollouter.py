@@ -246,11 +246,15 @@ class Rollouter:
         pool = range(len(self.engines)) if candidates is None else candidates
         return min(pool, key=lambda i: self._requests_per_engine[i] / self.engine_capacity[i])
 
-    def response_seed(self, item: PromptTask, i: int) -> Optional[int]:
-        """Per-response seed, stable across processes and runs (no Python hash randomisation)."""
+    def response_seed(self, item: PromptTask, i: int, prefix_len: int = 0) -> Optional[int]:
+        """Per-response seed, stable across processes and runs (no Python hash randomisation).
+
+        A continuation (after an abort or a P-DSR move) gets a seed of its own, keyed by the
+        prefix length, so its sampling noise does not replay the stream that made the prefix.
+        """
         if self.sampling.seed is None:
             return None
-        return zlib.crc32(f"{self.sampling.seed}/{item.uid}/{i}".encode()) & 0x7FFFFFFF
+        return zlib.crc32(f"{self.sampling.seed}/{item.uid}/{i}/{prefix_len}".encode()) & 0x7FFFFFFF
 
     async def generate_one(
         self,
@@ -274,7 +278,7 @@ class Rollouter:
             versions=list(prefix.versions) if prefix else [],
             finish_reason="abort",
         )
-        sampling = replace(self.sampling, seed=self.response_seed(item, i))
+        sampling = self.sampling
         if max_tokens is not None:
             sampling = replace(sampling, max_tokens=min(int(max_tokens), self.sampling.max_tokens))
         errors = 0
@@ -285,7 +289,7 @@ class Rollouter:
             request = GenerateRequest(
                 request_id=f"{item.uid}/{i}/{self._request_serial()}",
                 prompt_ids=item.prompt_ids,
-                sampling=sampling,
+                sampling=replace(sampling, seed=self.response_seed(item, i, len(state.token_ids))),
                 prefix_token_ids=state.token_ids,
                 prefix_log_probs=state.log_probs,
                 prefix_versions=state.versions,
