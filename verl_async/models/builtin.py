@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from verl_async.models.tiny import build_tiny_model_dir
+from verl_async.utils.cache import cache_path
 
 logger = logging.getLogger("verl_async.models")
 
@@ -53,8 +54,7 @@ def is_builtin(path: str) -> bool:
 
 
 def cache_root() -> str:
-    root = os.environ.get("VERL_ASYNC_CACHE") or os.path.join("~", ".cache", "verl_async")
-    return os.path.join(os.path.expanduser(root), "models")
+    return cache_path("models")
 
 
 def resolve_model_path(path: str) -> str:
