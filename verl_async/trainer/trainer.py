@@ -178,7 +178,7 @@ class Trainer:
     def _while_paused(self) -> dict[str, float]:
         out: dict[str, float] = {}
         if self.test_freq > 0 and self.version % self.test_freq == 0 and self.version > 0:
-            out.update(self.validate())
+            self.validate()  # logs its own metrics at this version
         if self.save_freq > 0 and self.version % self.save_freq == 0 and self.version > 0:
             out["timing_s/save_checkpoint"] = self.save_checkpoint()
         return out
