@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from verl_async.config import CONFIG_DIR, DEFAULT_CONFIG_NAME, ConfigError, hydra_argv, validate
 from verl_async.config.preflight import preflight
 from verl_async.config.summary import describe
+from verl_async.errors import PipelineError
 
 PIPELINE_MODULE = "verl_async.pipeline"  # provides run(cfg): Ray, queue, Rollouter, Trainer, sync
 
@@ -39,6 +40,9 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except PipelineError as err:  # one side died: the other was stopped; say why, exit non-zero
+        print(f"run failed: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def pipeline_runner() -> Optional[Callable[[DictConfig], None]]:

@@ -19,6 +19,7 @@ from verl_async.models.builtin import resolve_model_path
 from verl_async.models.loading import load_tokenizer
 from verl_async.queue import MessageQueue
 from verl_async.config.derived import max_required_samples, required_samples
+from verl_async.errors import PipelineError
 from verl_async.rollout.service import RolloutService
 from verl_async.trainer.trainer import Trainer, load_rollout_groups
 from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
@@ -30,10 +31,6 @@ WORKER_GROUPS = {
     "fsdp2": "verl_async.trainer.worker_group:FSDPWorkerGroup",
     "megatron": "verl_async.trainer.megatron.worker_group:MegatronWorkerGroup",
 }
-
-
-class PipelineError(RuntimeError):
-    """One side of the pipeline failed; the message carries the root cause."""
 
 
 def build_worker_group(cfg: Any) -> Any:

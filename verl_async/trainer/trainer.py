@@ -38,6 +38,13 @@ from verl_async.utils.tracking import Tracker
 logger = logging.getLogger("verl_async.trainer")
 
 QUEUE_POLL_S = 2.0
+# What the console logger prints per step (TensorBoard gets everything).
+CONSOLE_KEYS = (
+    "critic/score/mean", "critic/acc/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm",
+    "actor/entropy", "fully_async/staleness/mean", "fully_async/queue_size", "timing_s/step",
+    "timing_s/param_sync", "perf/trained_tokens_per_s", "fully_async/trainer_idle_ratio", "rollout/idle_ratio",
+    "val/mean@1/acc", "mismatch/train_rollout_logprob_abs_diff",
+)
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -99,6 +106,7 @@ class Trainer:
         self.tracker = Tracker(
             cfg.trainer.logger, os.path.join(run_dir, "tensorboard"),
             project=str(cfg.trainer.project_name), experiment=str(cfg.trainer.experiment_name),
+            console_keys=CONSOLE_KEYS,
         )
         self.version = 0
         self.step = 0

@@ -37,8 +37,10 @@ class Tracker:
         project: str = "verl_async",
         experiment: str = "run",
         config: Optional[Mapping[str, Any]] = None,
+        console_keys: Iterable[str] = (),
     ) -> None:
         self.loggers = [str(x) for x in loggers]
+        self.console_keys = set(console_keys)  # empty: print every metric
         unknown = [x for x in self.loggers if x not in SUPPORTED_LOGGERS]
         if unknown:
             raise ValueError(f"trainer.logger: unknown logger(s) {unknown}; supported: {SUPPORTED_LOGGERS}")
@@ -67,8 +69,8 @@ class Tracker:
         if self._wandb is not None:
             self._wandb.log(values, step=step)
         if "console" in self.loggers:
-            shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()))
-            logger.info("step %d: %s", step, shown)
+            shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()) if k in self.console_keys or not self.console_keys)
+            print(f"[{step:>5}] {shown}", flush=True)
 
     def close(self) -> None:
         if self._tb is not None:
