@@ -2,7 +2,7 @@
 
 `${builtin_or:${actor_rollout_ref.model.path},A,B}` is A for a built-in demo model
 (builtin://...) and B otherwise. The CPU demo needs values (e.g. a learning rate of
-3e-4 for a 0.4M-parameter model) that would wreck a real model; this keeps verl's
+3e-4 for a 0.6M-parameter model) that would wreck a real model; this keeps verl's
 defaults for every real model path while the no-override demo still learns.
 """
 
