@@ -15,6 +15,7 @@ import torch
 
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.registry import build_engine_from_config
+from verl_async.sync_collective import engine_endpoint
 from verl_async.utils import device as device_layer
 
 
@@ -57,6 +58,22 @@ class EngineReplica:
     async def load_buckets(self, refs: list, version: int) -> None:
         await self.engine.update_weights(_buckets_from_refs(refs), version)
 
+    # collective weight sync (verl_async/sync_collective.py): this replica's engine ranks join the group
+    async def weight_sync_ranks(self) -> int:
+        return await engine_endpoint(self.engine).weight_sync_ranks()
+
+    async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                               timeout_s: float, name: str) -> None:
+        await engine_endpoint(self.engine).join_weight_sync(host, port, rank, world_size, backend, timeout_s, name)
+
+    async def receive_weights(self, plan: list, version: int, double_buffer: bool = True,
+                              verify: bool = False) -> dict:
+        return await engine_endpoint(self.engine).receive_weights(plan, version, double_buffer=double_buffer,
+                                                                  verify=verify)
+
+    async def leave_weight_sync(self) -> None:
+        await engine_endpoint(self.engine).leave_weight_sync()
+
     async def pause(self) -> None:
         await self.engine.pause()
 
@@ -92,6 +109,22 @@ class RemoteEngine(InferenceEngine):
         refs = [item if isinstance(item, ray.ObjectRef) else ray.put(item) for item in named_tensors]
         await self.handle.load_buckets.remote(refs, version)
         self._version = version
+
+    async def weight_sync_ranks(self) -> int:
+        return int(await self.handle.weight_sync_ranks.remote())
+
+    async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                               timeout_s: float, name: str) -> None:
+        await self.handle.join_weight_sync.remote(host, port, rank, world_size, backend, timeout_s, name)
+
+    async def receive_weights(self, plan: list, version: int, *, double_buffer: bool = True,
+                              verify: bool = False) -> dict:
+        out = await self.handle.receive_weights.remote(plan, version, double_buffer, verify)
+        self._version = version
+        return out
+
+    async def leave_weight_sync(self) -> None:
+        await self.handle.leave_weight_sync.remote()
 
     async def pause(self) -> None:
         await self.handle.pause.remote()

@@ -25,6 +25,7 @@ from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.staleness import StalenessBudget, max_required_samples
+from verl_async.sync_collective import EngineGroupEndpoint
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollout")
@@ -154,6 +155,7 @@ class RolloutService:
                 override_config=dict(model_cfg.override_config or {}),
             )
         self.engines = list(engines)
+        self.sync_endpoint = EngineGroupEndpoint(self.engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.eos_ids = eos
         required = required_samples(cfg)
@@ -208,6 +210,21 @@ class RolloutService:
 
     async def resume_after_sync(self, version: int) -> None:
         await self.rollouter.resume_after_sync(version)
+
+    # collective transports (nccl / hccl / gloo): sync_collective.EngineGroupEndpoint fans out to the replicas
+    async def weight_sync_ranks(self) -> list[int]:
+        return await self.sync_endpoint.weight_sync_ranks()
+
+    async def join_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
+                               name: str) -> None:
+        await self.sync_endpoint.join_weight_sync(host, port, world_size, backend, timeout_s, name)
+
+    async def receive_weights(self, plan: list, version: int, double_buffer: bool = True,
+                              verify: bool = False) -> dict[str, dict]:
+        return await self.sync_endpoint.receive_weights(plan, version, double_buffer, verify)
+
+    async def leave_weight_sync(self) -> None:
+        await self.sync_endpoint.leave_weight_sync()
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, float]:
