@@ -8,6 +8,7 @@ replicas on their own GPUs.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import ray
@@ -25,6 +26,21 @@ def _buckets_from_refs(refs: Sequence[Any]) -> Iterator[Any]:
         yield ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
 
 
+COLOCATE_ENV = "VERL_ASYNC_COLOCATE_GPUS"
+
+
+def colocated_devices() -> Optional[list[str]]:
+    """Benchmark hook: physical accelerator ids the engine replicas share with the trainer ranks, or None.
+
+    `scripts/bench_async.py` sets VERL_ASYNC_COLOCATE_GPUS=0,1,... for its synchronous colocated
+    baseline. Replicas then ask Ray for no accelerator (the trainer ranks hold them) and replica i
+    pins ids[i*tp:(i+1)*tp] itself; engine memory is bounded by rollout.gpu_memory_utilization /
+    kv_cache_tokens, so engine and trainer fit on one device side by side.
+    """
+    ids = [x.strip() for x in os.environ.get(COLOCATE_ENV, "").split(",") if x.strip()]
+    return ids or None
+
+
 class EngineReplica:
     """Plain class behind the replica actor: builds the configured engine on this process's device."""
 
@@ -38,6 +54,13 @@ class EngineReplica:
         override_config: Optional[Mapping[str, Any]] = None,
         index: int = 0,
     ) -> None:
+        shared = colocated_devices()
+        if shared and device != "cpu":  # before the first accelerator call of this process
+            tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
+            mine = shared[index * tp:(index + 1) * tp]
+            if len(mine) < tp:
+                raise ValueError(f"{COLOCATE_ENV}={','.join(shared)} has no {tp} device(s) for replica {index}")
+            os.environ[device_layer.visible_devices_env(device)] = ",".join(mine)
         spec = device_layer.resolve(device)
         spec.set_current()
         self.index = index
@@ -145,6 +168,8 @@ class RemoteEngine(InferenceEngine):
 
 def replica_actor_options(device: str, tensor_parallel_size: int, cpu_share: float = 0.25) -> dict[str, Any]:
     """Ray resources for one replica: its accelerators, or a small CPU share (never a big reservation)."""
+    if device != "cpu" and colocated_devices():
+        return {"num_cpus": 1}  # the devices are the trainer's; the replica pins its share itself
     if device == "cuda":
         return {"num_gpus": tensor_parallel_size, "num_cpus": 1}
     if device == "npu":

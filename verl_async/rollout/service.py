@@ -115,7 +115,8 @@ def sampling_from(rollout_cfg: Any, eos_ids: Sequence[int], *, validation: bool 
         top_p=float(src.top_p),
         top_k=int(src.top_k),
         max_tokens=int(rollout_cfg.response_length),
-        stop_token_ids=tuple(eos_ids),
+        # ignore_eos: the EOS must not stop generation, so it is not a stop id either (only the length ends it)
+        stop_token_ids=() if bool(rollout_cfg.get("ignore_eos", False)) else tuple(eos_ids),
         ignore_eos=bool(rollout_cfg.get("ignore_eos", False)),
         seed=int(rollout_cfg.get("seed", 0) or 0),
     )

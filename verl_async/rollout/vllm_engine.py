@@ -125,8 +125,12 @@ class VLLMEngine(InferenceEngine):
     def __init__(self, engine_kwargs: Mapping[str, Any], *, free_cache_engine: bool = True, version: int = 0,
                  sync_timeout_s: float = 600.0) -> None:
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA is live in the replica process
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise ImportError(f"actor_rollout_ref.rollout.name=vllm needs vLLM (v1 AsyncLLM; tested with 0.26.0; "
+                              f"pip install 'verl_async[vllm]', or scripts/device/prepare_vllm.sh): {exc}") from exc
 
         self.engine_kwargs = dict(engine_kwargs)
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
@@ -200,7 +204,7 @@ class VLLMEngine(InferenceEngine):
         prefix, sampling = request.prefix_token_ids, request.sampling
         if not prefix:
             return None
-        if not sampling.ignore_eos and prefix[-1] in set(sampling.stop_token_ids):
+        if prefix[-1] in set(sampling.stop_token_ids):  # like the native engine: stop ids apply even with ignore_eos
             return "stop"
         if len(prefix) >= sampling.max_tokens:
             return "length"
