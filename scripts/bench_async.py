@@ -139,17 +139,20 @@ def overrides_for(name: str, args: argparse.Namespace, model: str, data: str, ru
     return out
 
 
-def compose(overrides: list[str], engine: str, device: str):
-    from omegaconf import OmegaConf
+def compose(overrides: list[str], engine: str, device: str, max_num_seqs: int = 256):
+    from omegaconf import OmegaConf, open_dict
 
     from verl_async.config import validate
     from verl_async.config.cli import compose as hydra_compose
 
     cfg = hydra_compose(overrides=overrides)
     if engine == "vllm":
-        # no torch.compile (start-up in seconds), full CUDA graphs for decode steps
-        OmegaConf.update(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm",
-                         {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}, merge=True)
+        # no torch.compile (start-up in seconds); full CUDA graphs for decode steps at a few batch sizes
+        sizes = [1 << k for k in range(0, 12) if (1 << k) <= max(1, max_num_seqs)]
+        with open_dict(cfg):
+            OmegaConf.update(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm",
+                             {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
+                                                     "cudagraph_capture_sizes": sizes}}, merge=True)
     return validate(cfg)
 
 
@@ -269,7 +272,7 @@ def run_one(name: str, args: argparse.Namespace, model: str, data: str) -> dict[
     from verl_async.pipeline import run
 
     run_dir = os.path.join(args.work_dir, name)
-    cfg = compose(overrides_for(name, args, model, data, run_dir), args.engine, args.device)
+    cfg = compose(overrides_for(name, args, model, data, run_dir), args.engine, args.device, args.max_num_seqs)
     env_key = "VERL_ASYNC_COLOCATE_GPUS"
     if name == "sync" and args.device == "cuda":
         os.environ[env_key] = ",".join(str(i) for i in range(args.gpus))

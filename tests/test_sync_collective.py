@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from verl_async.rollout.replica import SyncTarget
 from verl_async.sync import SyncError, build_sync
 from verl_async.sync_collective import (
     ALIGN_BYTES,
@@ -142,6 +143,39 @@ def test_stuck_peer_times_out_instead_of_hanging():
     assert time.monotonic() - t0 < 25
 
 
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.parametrize("double_buffer", [True, False])
+def test_nccl_broadcast_between_two_gpus_bit_exact(double_buffer):
+    tensors = _tensors(3)
+    plan = plan_buckets(_meta(tensors), 4096)
+    store, port = master_store("127.0.0.1", 60)
+    out: dict = {}
+
+    def member(rank: int):
+        torch.cuda.set_device(rank)
+        group = WeightSyncGroup("nccl", "127.0.0.1", port, rank, 2, 60, store=store if rank == 0 else None, name="g")
+        group.handshake()
+        if rank == 0:
+            out[0] = send_buckets(group, plan, ((n, t.cuda(0)) for n, t in tensors.items()),
+                                  double_buffer=double_buffer, verify=True)
+        else:
+            sums, got = {}, {}
+            for views in receive_buckets(group, plan, double_buffer=double_buffer, verify=True, checksums=sums):
+                got.update({n: v.cpu() for n, v in views})
+            out[1] = (sums, got)
+        group.close()
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    sums, got = out[1]
+    assert sums == out[0]["checksums"]
+    assert all(torch.equal(got[n], t) for n, t in tensors.items())
+
+
 def test_local_engine_endpoint_loads_into_the_engine():
     """The native-engine path: the receive generator is consumed by engine.update_weights."""
 
@@ -192,37 +226,9 @@ def test_local_engine_endpoint_loads_into_the_engine():
 
 
 # ------------------------------------------------------------------------------------------ Ray
-class _RolloutSide(EngineGroupEndpoint):
-    """What CollectiveSync needs of the Rollouter: pause/resume + the sync fan-out over real replicas."""
-
-    def __init__(self, rollout_cfg: dict, model_dir: str, count: int):
-        from verl_async.rollout.replica import start_replicas
-
-        super().__init__(start_replicas(count, rollout_cfg, model_dir, "cpu"))
-        self.paused = 0
-        self.version = -1
-
-    async def pause_for_sync(self):
-        self.paused += 1
-
-    async def resume_after_sync(self, version: int):
-        self.version = version
-
-    def state(self) -> tuple[int, int]:
-        return self.paused, self.version
-
-    def kill_replica(self, i: int):
-        import ray
-
-        ray.kill(self.sync_engines[i].handle)
-
-
 @pytest.fixture(scope="module")
 def trainer_and_replicas(ray_session, tiny_model_dir, tmp_path_factory):
-    import sys
-
     import ray
-    from ray import cloudpickle
 
     from tests.trainer.trainer_helpers import compose_config
     from verl_async.models import build_tiny_model_dir
@@ -232,9 +238,8 @@ def trainer_and_replicas(ray_session, tiny_model_dir, tmp_path_factory):
     engine_dir = build_tiny_model_dir(str(tmp_path_factory.mktemp("engine_model")), seed=123)
     group = FSDPWorkerGroup(compose_config(tiny_model_dir, "trainer.n_gpus_per_node=2", "trainer.worker_timeout_s=120"),
                             name="test_sync_trainer")
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _RolloutSide travels to its worker by value
     rollout_cfg = {"name": "native", "max_num_seqs": 2, "max_model_len": 64, "seed": 0}
-    side = ray.remote(_RolloutSide).options(num_cpus=0.1, max_concurrency=100).remote(rollout_cfg, engine_dir, 2)
+    side = ray.remote(SyncTarget).options(num_cpus=0.1, max_concurrency=100).remote(2, rollout_cfg, engine_dir, "cpu")
     group.init()
     ray.get(side.weight_sync_ranks.remote(), timeout=120)
     try:

@@ -16,7 +16,7 @@ import torch
 
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.registry import build_engine_from_config
-from verl_async.sync_collective import engine_endpoint
+from verl_async.sync_collective import EngineGroupEndpoint, engine_endpoint
 from verl_async.utils import device as device_layer
 
 
@@ -109,6 +109,13 @@ class EngineReplica:
     def version(self) -> int:
         return self.engine.version
 
+    async def ready(self) -> int:
+        """Finish engines that start inside the event loop (vLLM's AsyncLLM); returns the weight version."""
+        start = getattr(self.engine, "start", None)
+        if start is not None:
+            await start()
+        return self.engine.version
+
     async def shutdown(self) -> None:
         await self.engine.shutdown()
 
@@ -197,5 +204,35 @@ def start_replicas(
         )
         for i in range(count)
     ]
-    ray.get([h.version.remote() for h in handles], timeout=timeout_s)
+    ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
     return [RemoteEngine(h, i) for i, h in enumerate(handles)]
+
+
+class SyncTarget(EngineGroupEndpoint):
+    """Replicas that only receive weights: the rollout side of a sync without a Rollouter.
+
+    `CollectiveSync` / `ObjectStoreSync` need pause/resume and the sync fan-out; sync checks and
+    benchmarks (scripts/check_sync_gpu.py, tests) wrap this class in a Ray actor.
+    """
+
+    def __init__(self, count: int, rollout_cfg: Mapping[str, Any], model_path: str, device: str, **kwargs: Any) -> None:
+        super().__init__(start_replicas(count, rollout_cfg, model_path, device, **kwargs))
+        self.pauses = 0
+        self.version = -1
+
+    async def pause_for_sync(self) -> None:
+        self.pauses += 1
+
+    async def resume_after_sync(self, version: int) -> None:
+        self.version = version
+
+    async def load_buckets(self, refs: list, version: int) -> None:
+        import asyncio
+
+        await asyncio.gather(*(e.update_weights(list(refs), version) for e in self.sync_engines))
+
+    def state(self) -> tuple[int, int]:
+        return self.pauses, self.version
+
+    def kill_replica(self, index: int) -> None:
+        ray.kill(self.sync_engines[index].handle)

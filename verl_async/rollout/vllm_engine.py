@@ -77,12 +77,21 @@ def engine_args_from_config(rollout_cfg: Mapping[str, Any], *, model_path: str, 
     if override_config:
         kwargs["hf_overrides"] = dict(override_config)
     vllm_kwargs = (get("engine_kwargs") or {}).get("vllm") or {}
-    kwargs.update({k: (dict(v) if isinstance(v, Mapping) else v) for k, v in dict(vllm_kwargs).items()})
+    kwargs.update({str(k): _plain(v) for k, v in vllm_kwargs.items()})
     kwargs.update(overrides)
     if kwargs.get("max_num_batched_tokens") and kwargs.get("max_model_len") and not kwargs["enable_chunked_prefill"]:
         # without chunked prefill one step must hold a whole prompt
         kwargs["max_num_batched_tokens"] = max(int(kwargs["max_num_batched_tokens"]), int(kwargs["max_model_len"]))
     return kwargs
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (engine_kwargs.vllm from Hydra) as plain dicts/lists: vLLM validates with pydantic."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
 
 
 def vllm_sampling_kwargs(sampling: SamplingParams, remaining: int) -> dict[str, Any]:
@@ -124,25 +133,42 @@ class VLLMEngine(InferenceEngine):
 
     def __init__(self, engine_kwargs: Mapping[str, Any], *, free_cache_engine: bool = True, version: int = 0,
                  sync_timeout_s: float = 600.0) -> None:
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA is live in the replica process
-        try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
-        except ImportError as exc:
-            raise ImportError(f"actor_rollout_ref.rollout.name=vllm needs vLLM (v1 AsyncLLM; tested with 0.26.0; "
-                              f"pip install 'verl_async[vllm]', or scripts/device/prepare_vllm.sh): {exc}") from exc
-
         self.engine_kwargs = dict(engine_kwargs)
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
         self.tensor_parallel_size = int(self.engine_kwargs.get("tensor_parallel_size", 1))
-        self.max_model_len = int(self.llm.vllm_config.model_config.max_model_len)
         self.free_cache_engine = bool(free_cache_engine)
         self.sync_timeout_s = float(sync_timeout_s)
+        self.llm: Any = None
+        self.max_model_len = 0
+        self._start_lock: Optional[asyncio.Lock] = None
         self._version = int(version)
         self._paused = False
         self._active: dict[str, int] = {}  # request id -> tokens before this call (prefix)
         self._generated = 0
         self._events: collections.deque[tuple[float, int]] = collections.deque()
+
+    async def start(self) -> "VLLMEngine":
+        """Build vLLM's AsyncLLM inside the running event loop (its output handler and ZMQ sockets live there).
+
+        Called by the replica actor before it reports ready; every other async method calls it too.
+        """
+        if self.llm is not None:
+            return self
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self.llm is None:
+                os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA is live in this process
+                try:
+                    from vllm.engine.arg_utils import AsyncEngineArgs
+                    from vllm.v1.engine.async_llm import AsyncLLM
+                except ImportError as exc:
+                    raise ImportError(f"actor_rollout_ref.rollout.name=vllm needs vLLM (v1 AsyncLLM; tested with "
+                                      f"0.26.0; pip install 'verl_async[vllm]', or scripts/device/prepare_vllm.sh): "
+                                      f"{exc}") from exc
+                llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
+                self.max_model_len = int(llm.vllm_config.model_config.max_model_len)
+                self.llm = llm
+        return self
 
     @classmethod
     def from_config(cls, rollout_cfg: Mapping[str, Any], *, model_path: str, device: str = "cuda",
@@ -164,6 +190,7 @@ class VLLMEngine(InferenceEngine):
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        await self.start()
         sampling = request.sampling
         prefix = list(request.prefix_token_ids)
         done = self._finished_already(request)
@@ -231,14 +258,16 @@ class VLLMEngine(InferenceEngine):
 
     async def abort(self, request_ids: Optional[Sequence[str]] = None) -> None:
         ids = list(self._active) if request_ids is None else [r for r in request_ids if r in self._active]
-        if ids:
+        if ids and self.llm is not None:
             await self.llm.abort(ids)
 
     async def pause(self) -> None:
+        await self.start()
         await self.llm.pause_generation(mode="keep", clear_cache=False)
         self._paused = True
 
     async def resume(self) -> None:
+        await self.start()
         await self.llm.resume_generation()
         self._paused = False
 
@@ -252,6 +281,7 @@ class VLLMEngine(InferenceEngine):
         """Object-store path: each bucket (pairs or dict) goes to every worker via collective_rpc."""
         from verl_async.rollout.native.weights import _as_bucket
 
+        await self.start()
         for index, item in enumerate(named_tensors):
             bucket = [(name, t.detach().cpu().contiguous()) for name, t in _as_bucket(item, index)]
             await self.llm.collective_rpc("verl_async_load_bucket", timeout=self.sync_timeout_s, args=(bucket,))
@@ -262,11 +292,13 @@ class VLLMEngine(InferenceEngine):
 
     async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
                                timeout_s: float, name: str = "0") -> None:
+        await self.start()
         await self.llm.collective_rpc("verl_async_join_weight_sync", timeout=timeout_s,
                                       args=(host, port, rank, world_size, backend, timeout_s, name))
 
     async def receive_weights(self, plan_wire: Sequence, version: int, *, double_buffer: bool = True,
                               verify: bool = False) -> dict[str, Any]:
+        await self.start()
         results = await self.llm.collective_rpc("verl_async_receive_weights", timeout=self.sync_timeout_s,
                                                 args=(plan_wire, double_buffer, verify))
         await self._after_load(version)
@@ -279,7 +311,8 @@ class VLLMEngine(InferenceEngine):
         return {"checksums": first["checksums"], "seconds": max(r["seconds"] for r in results)}
 
     async def leave_weight_sync(self) -> None:
-        await self.llm.collective_rpc("verl_async_leave_weight_sync", timeout=60)
+        if self.llm is not None:
+            await self.llm.collective_rpc("verl_async_leave_weight_sync", timeout=60)
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> EngineStats:
@@ -289,5 +322,7 @@ class VLLMEngine(InferenceEngine):
                            generated_tokens=self._generated, version=self._version, paused=self._paused)
 
     async def shutdown(self) -> None:
-        self.llm.shutdown()
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
 
