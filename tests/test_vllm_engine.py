@@ -128,6 +128,117 @@ def test_worker_extension_joins_receives_and_loads_on_every_tp_rank():
         w.verl_async_receive_weights(plan_to_wire(plan))
 
 
+class _FakeAsyncLLM:
+    """vLLM's AsyncLLM as far as VLLMEngine uses it: tokens t = (last + 1) % 50 with log-prob -t/100."""
+
+    def __init__(self, engine_args):
+        self.args = engine_args.kwargs
+        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=self.args["max_model_len"]))
+        self.aborted: set[str] = set()
+        self.worker = _Worker(0)
+        self.calls: list[str] = []
+
+    @classmethod
+    def from_engine_args(cls, engine_args):
+        return cls(engine_args)
+
+    async def generate(self, prompt, sp, request_id):
+        ids, out = list(prompt["prompt_token_ids"]), []
+        reason = "length"
+        while len(out) < sp.kw["max_tokens"]:
+            if request_id in self.aborted:
+                reason = "abort"
+                break
+            out.append((ids + out)[-1] % 50 + 1)
+            if out[-1] in sp.kw["stop_token_ids"]:
+                reason = "stop"
+                break
+            await asyncio.sleep(0.001)
+        flat = SimpleNamespace(start_indices=list(range(len(out))), end_indices=list(range(1, len(out) + 1)),
+                               token_ids=list(out), logprobs=[-t / 100 for t in out])
+        yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=out, logprobs=flat, finish_reason=reason)])
+
+    async def abort(self, ids):
+        self.aborted.update(ids)
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(method)
+        return [getattr(self.worker, method)(*args)]
+
+    async def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+    def shutdown(self):
+        self.calls.append("shutdown")
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """Just enough of vLLM's modules for VLLMEngine (import paths as in vLLM 0.26)."""
+    import enum
+    from types import ModuleType
+
+    class _Args:
+        def __init__(self, **kw):
+            self.kwargs = kw
+
+    class _SP:
+        def __init__(self, output_kind=None, **kw):
+            self.kw, self.output_kind = kw, output_kind
+
+    mods = {name: ModuleType(name) for name in ("vllm", "vllm.inputs", "vllm.sampling_params", "vllm.engine",
+                                                 "vllm.engine.arg_utils", "vllm.v1", "vllm.v1.engine",
+                                                 "vllm.v1.engine.async_llm")}
+    mods["vllm"].SamplingParams = _SP
+    mods["vllm.inputs"].TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    mods["vllm.sampling_params"].RequestOutputKind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY")
+    mods["vllm.engine.arg_utils"].AsyncEngineArgs = _Args
+    mods["vllm.v1.engine.async_llm"].AsyncLLM = _FakeAsyncLLM
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    return mods
+
+
+def test_vllm_engine_adapter_logic_with_a_stand_in_async_llm(fake_vllm):
+    from verl_async.rollout.vllm_engine import VLLMEngine
+
+    async def main():
+        engine = VLLMEngine.from_config({"name": "vllm", "max_model_len": 64, "free_cache_engine": True},
+                                        model_path="/m", device="cuda")
+        assert engine.llm is None  # AsyncLLM is built inside the event loop
+        sp = SamplingParams(temperature=1.0, max_tokens=10, stop_token_ids=(99,))
+        res = await engine.generate(GenerateRequest("r1", [3], sp))
+        assert res.token_ids == list(range(4, 14)) and res.finish_reason == "length"
+        assert res.log_probs == [-t / 100 for t in range(4, 14)] and res.versions == [0] * 10
+        # abort returns the partial response; a continuation keeps the prefix and its versions
+        long = SamplingParams(max_tokens=40)
+        task = asyncio.create_task(engine.generate(GenerateRequest("r2", [3], long)))
+        await asyncio.sleep(0.01)
+        await engine.abort(None)
+        part = await task
+        assert part.finish_reason == "abort" and 0 < len(part.token_ids) < 40
+        await engine.update_weights([[("model.norm.weight", torch.ones(2))]], 5)
+        assert engine.version == 5 and engine.llm.calls[-2:] == ["verl_async_load_bucket", "reset_prefix_cache"]
+        cont = await engine.generate(GenerateRequest("r3", [3], long, prefix_token_ids=part.token_ids,
+                                                     prefix_log_probs=part.log_probs,
+                                                     prefix_versions=[0] * len(part.token_ids)))
+        k = len(part.token_ids)
+        assert cont.token_ids[:k] == part.token_ids and len(cont.token_ids) == 40
+        assert cont.versions == [0] * k + [5] * (40 - k) and cont.finish_reason == "length"
+        # a prefix that already ended needs no generation; an overlong prompt is a request error
+        stop = SamplingParams(max_tokens=40, stop_token_ids=(7,))
+        done = await engine.generate(GenerateRequest("r4", [3], stop, prefix_token_ids=[4, 7], prefix_log_probs=[-1, -1],
+                                                     prefix_versions=[1, 1]))
+        assert done.finish_reason == "stop" and done.token_ids == [4, 7]
+        bad = await engine.generate(GenerateRequest("r5", list(range(70)), long))
+        assert not bad.ok and "max_model_len" in bad.error
+        assert (await engine.weight_sync_ranks()) == 1 and engine.stats().generated_tokens >= 40
+        await engine.shutdown()
+        assert engine.llm is None
+
+    asyncio.run(main())
+
+
 # ------------------------------------------------------------------------------------------ on a GPU with vLLM
 def _model_dir(tmp_path, seed: int) -> str:
     from verl_async.models import build_tiny_model_dir
