@@ -342,7 +342,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--trigger", type=int, default=1, help="trigger_parameter_sync_step of the async runs")
     p.add_argument("--max-num-seqs", type=int, default=None, help="per replica (default 256; tiny 4)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--max-tokens-per-gpu", type=int, default=None, help="ppo_max_token_len_per_gpu (default 16384)")
+    p.add_argument("--max-tokens-per-gpu", type=int, default=None, help="ppo_max_token_len_per_gpu (default 8192)")
     p.add_argument("--gpu-memory", type=float, default=0.6, help="vLLM gpu_memory_utilization, split GPUs")
     p.add_argument("--gpu-memory-sync", type=float, default=0.35, help="vLLM gpu_memory_utilization, colocated")
     p.add_argument("--enforce-eager", action="store_true")
@@ -353,7 +353,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     tiny = args.tiny
     defaults = dict(steps=(2, 8), prompts_per_step=(2, 16), n=(2, 8), max_response_length=(24, 2048),
                     max_prompt_length=(64, 128), length_mean=(8, 512), max_num_seqs=(4, 256),
-                    max_tokens_per_gpu=(4096, 16384))
+                    max_tokens_per_gpu=(4096, 8192))
     for key, (small, big) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, small if tiny else big)

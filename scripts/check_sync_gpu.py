@@ -107,7 +107,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     from bench_async import build_model, compose
     from verl_async.rollout.replica import SyncTarget
     from verl_async.sync import build_sync
-    from verl_async.sync_collective import tensor_checksum
     from verl_async.trainer import FSDPWorkerGroup
 
     record: dict[str, Any] = {"args": vars(args)}

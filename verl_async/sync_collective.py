@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 import weakref
 from dataclasses import dataclass
@@ -153,12 +152,6 @@ def compare_checksums(sent: dict[str, str], got: dict[str, str], who: str) -> li
 
 
 # ---------------------------------------------------------------------------------------- the group
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def host_address(local_only: bool) -> str:
     """Where group rank 0 listens: loopback when everything is on one node, else this node's address."""
     if local_only:
