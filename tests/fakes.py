@@ -39,6 +39,8 @@ class FakeEngine(InferenceEngine):
         logps = list(request.prefix_log_probs)
         versions = list(request.prefix_versions)
         target = self.rng.randint(1, self.max_len)
+        if request.sampling.ignore_eos:  # run to max_tokens (scripted lengths: verl_async.rollout.scripted)
+            target = 1 << 30
         try:
             while True:
                 if len(tokens) >= request.sampling.max_tokens:

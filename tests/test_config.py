@@ -167,9 +167,9 @@ BAD = [
     (["actor_rollout_ref.actor.ppo_mini_batch_size=0"], "actor_rollout_ref.actor.ppo_mini_batch_size", "> 0"),
     (["trainer.n_gpus_per_node=3"], "actor_rollout_ref.actor.ppo_mini_batch_size", "data-parallel size 3"),
     (["trainer.nnodes=2", "trainer.n_gpus_per_node=3", "actor_rollout_ref.rollout.n=5"],
-     "actor_rollout_ref.actor.ppo_mini_batch_size", "20 responses"),
+     "actor_rollout_ref.actor.ppo_mini_batch_size", "40 responses"),
     (["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"],
-     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "does not divide the 16 responses"),
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "does not divide the 64 responses"),
     (["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"],
      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "must be set"),
     (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size=3"],
@@ -210,7 +210,7 @@ BAD = [
     (["actor_rollout_ref.model.lora_rank=8"], "actor_rollout_ref.model.lora_rank", "LoRA"),
     (["reward_model.enable=true"], "reward_model.enable", "not supported"),
     (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "n >= 2"),
-    (["async_training.queue_capacity=2"], "async_training.queue_capacity", "one trainer step of 4"),
+    (["async_training.queue_capacity=2"], "async_training.queue_capacity", "one trainer step of 8"),
     (["trainer.resume_mode=resume_path"], "trainer.resume_from_path", "must be set"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "actor_rollout_ref.rollout.tensor_model_parallel_size",
      "rollout's 1 devices"),
@@ -330,4 +330,4 @@ def test_choice_lists_match_the_implementations():
 
 def test_validate_accepts_a_plain_dict():
     cfg = OmegaConf.to_container(compose(FSDP), resolve=True)
-    assert validate(cfg).actor_rollout_ref.rollout.n == 4
+    assert validate(cfg).actor_rollout_ref.rollout.n == 8

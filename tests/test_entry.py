@@ -142,12 +142,12 @@ def _cfg(tmp_path, model_dir, train, extra=()):
 
 
 def test_preflight_counts_rows(tmp_path, tiny_model_dir):
-    train = write_parquet(tmp_path / "t.parquet", 5)
-    assert preflight(_cfg(tmp_path, tiny_model_dir, train))["rows"] == {"train": 5, "val": None}
+    train = write_parquet(tmp_path / "t.parquet", 9)
+    assert preflight(_cfg(tmp_path, tiny_model_dir, train))["rows"] == {"train": 9, "val": None}
     folder = tmp_path / "parts"
     folder.mkdir()
     write_parquet(folder / "a.parquet", 3), write_parquet(folder / "b.parquet", 4)
-    assert preflight(_cfg(tmp_path, tiny_model_dir, f"[{folder},{train}]"))["rows"]["train"] == 12
+    assert preflight(_cfg(tmp_path, tiny_model_dir, f"[{folder},{train}]"))["rows"]["train"] == 16
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from verl_async.models.builtin import resolve_model_path
 from verl_async.models.loading import load_tokenizer
 from verl_async.queue import MessageQueue
-from verl_async.rollout.service import RolloutService, required_samples
-from verl_async.rollout.staleness import max_required_samples
+from verl_async.config.derived import max_required_samples, required_samples
+from verl_async.rollout.service import RolloutService
 from verl_async.trainer.trainer import Trainer, load_rollout_groups
 from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
 
@@ -169,40 +169,55 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_path, trust_remote_code=bool(cfg.actor_rollout_ref.model.trust_remote_code))
     train_only = bool(debug.get("train_only")) or bool(debug.get("load_rollout_data"))
-    n = int(cfg.actor_rollout_ref.rollout.n)
-    limit = max_required_samples(
-        required_samples(cfg), int(cfg.async_training.trigger_parameter_sync_step),
-        float(cfg.async_training.staleness_threshold),
-    )
-    capacity = int(cfg.async_training.get("queue_capacity") or limit)
-    queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(capacity, n)
-    rollouter = None
-    if not train_only:
-        rollouter = _actor_cls(RolloutService, num_cpus=0.2, max_concurrency=1000).remote(
-            cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start
+    timeout = float(cfg.trainer.worker_timeout_s)
+    capacity = int(cfg.async_training.get("queue_capacity") or max_required_samples(cfg))
+    actors: list[Any] = []
+    try:
+        queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(capacity, int(cfg.actor_rollout_ref.rollout.n))
+        actors.append(queue)
+        rollouter = None
+        if not train_only:
+            rollouter = _actor_cls(RolloutService, num_cpus=0.2, max_concurrency=1000).remote(
+                cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start
+            )
+            actors.append(rollouter)
+        trainer = _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4).remote(
+            cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id)
         )
-    trainer = _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4).remote(
-        cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id)
-    )
-    version = ray.get(trainer.restore.remote())
-    ray.get(trainer.push_weights.remote(False))  # version `version` on every replica
-    before = {}
-    if rollouter is not None and bool(cfg.trainer.val_before_train):
-        before = ray.get(trainer.validate.remote())
-        print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
-    total_steps = None
-    if rollouter is not None:
-        total_steps = max(1, -(-int(ray.get(rollouter.total_prompts.remote())) // required_samples(cfg)))
-    refs = {"trainer": trainer.run.remote()}
-    if rollouter is not None:
-        refs["rollouter"] = rollouter.run.remote()
-    results = wait_both(refs, trainer, {"trainer": trainer, "rollouter": rollouter}, total_steps=total_steps)
-    after = ray.get(trainer.finish.remote()) if rollouter is not None else {}
-    if after:
-        print(f"validation after training (version {results['trainer']['version']}): {_fmt(after)}", flush=True)
-    summary = _summarise(run_dir, results, before, after, time.time() - run_start)
-    ray.get(trainer.shutdown.remote())
-    return summary
+        actors.append(trainer)
+        version = ray.get(trainer.restore.remote(), timeout=timeout)
+        ray.get(trainer.push_weights.remote(False), timeout=timeout)  # version `version` on every replica
+        before = {}
+        if rollouter is not None and bool(cfg.trainer.val_before_train):
+            before = ray.get(trainer.validate.remote(), timeout=timeout)
+            print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
+        total_steps = None
+        if rollouter is not None:
+            prompts = int(ray.get(rollouter.total_prompts.remote(), timeout=timeout))
+            total_steps = max(1, -(-prompts // required_samples(cfg)))
+        refs = {"trainer": trainer.run.remote()}
+        if rollouter is not None:
+            refs["rollouter"] = rollouter.run.remote()
+        results = wait_both(refs, trainer, {"trainer": trainer, "rollouter": rollouter}, total_steps=total_steps)
+        after = ray.get(trainer.finish.remote(), timeout=timeout) if rollouter is not None else {}
+        if after:
+            print(f"validation after training (version {results['trainer']['version']}): {_fmt(after)}", flush=True)
+        return _summarise(run_dir, results, before, after, time.time() - run_start)
+    finally:
+        _teardown(actors, timeout=60)
+
+
+def _teardown(actors: list[Any], timeout: float) -> None:
+    """Stop the worker group and engine replicas, then the actors (a shared Ray cluster keeps nothing)."""
+    for actor in reversed(actors):
+        try:
+            ray.get(actor.shutdown.remote(), timeout=timeout)
+        except Exception:  # noqa: BLE001 - dead or without shutdown(): killed below anyway
+            pass
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _fmt(metrics: dict[str, float]) -> str:

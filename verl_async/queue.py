@@ -96,6 +96,9 @@ class MessageQueue:
             self._closed = True
             self._cond.notify_all()
 
+    async def shutdown(self) -> None:
+        await self.close()
+
     def size(self) -> int:
         return len(self._items)
 

@@ -206,7 +206,7 @@ def test_settings_errors_name_the_key(config_factory):
 
     base = OmegaConf.to_container(config_factory(), resolve=True)
     s = TrainerSettings.from_config(base)
-    assert s.ppo_mini_batch_size == 4 and s.rollout_n == 4 and s.world_size == 1
+    assert s.ppo_mini_batch_size == 8 and s.rollout_n == 8 and s.world_size == 1
     bad = OmegaConf.to_container(config_factory("actor_rollout_ref.actor.loss_agg_mode=mean"), resolve=True)
     with pytest.raises(ValueError, match="actor_rollout_ref.actor.loss_agg_mode"):
         TrainerSettings.from_config(bad)

@@ -16,7 +16,10 @@ from verl_async.config.derived import (
     trainer_world_size,
 )
 from verl_async.config.errors import ConfigError
+from verl_async.config.resolvers import register_resolvers
 from verl_async.config.validate import validate
+
+register_resolvers()
 
 __all__ = [
     "COMPAT_KEYS",

@@ -185,6 +185,19 @@ def lengths(cfg: DictConfig) -> None:
         )
 
 
+@check
+def long_tail(cfg: DictConfig) -> None:
+    lt = cfg.async_training.long_tail
+    replicas = derived.rollout_replicas(cfg)
+    if lt.enable and not lt.heavy_replicas < replicas:
+        raise ConfigError(
+            "async_training.long_tail.heavy_replicas",
+            f"P-DSR needs a fast and a heavy replica: heavy_replicas must be < the {replicas} rollout replica(s) "
+            "(rollout.nnodes * rollout.n_gpus_per_node / rollout tensor_model_parallel_size), got "
+            f"{lt.heavy_replicas}; add rollout devices or set async_training.long_tail.enable=false",
+        )
+
+
 # --------------------------------------------------------------------------- devices
 @check
 def sync_transport(cfg: DictConfig) -> None:

@@ -40,6 +40,7 @@ LR_SCHEDULERS = ("constant", "cosine")
 MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 CORRECTION_LEVELS = ("token", "sequence", "geometric")
 CORRECTION_MODES = ("truncate", "clip", "mask")
+PDSR_CAP_MODES = ("l_cut", "probe")  # == verl_async.rollout.pdsr_policy.CAP_MODES
 
 
 def rule(*, choices=None, ge=None, gt=None, le=None) -> Any:
@@ -415,6 +416,19 @@ class CheckpointEngineConfig:
 
 
 @schema
+class LongTailConfig:
+    enable: bool
+    offload_ratio: float = rule(ge=0, le=1)
+    cap_factor: float = rule(gt=0)
+    cap_mode: str = rule(choices=PDSR_CAP_MODES)
+    heavy_replicas: int = rule(ge=1)
+    fast_max_num_seqs: Optional[int] = rule(ge=1)
+    restart: bool
+    batch_size: Optional[int] = rule(ge=1)
+    batch_timeout_s: float = rule(gt=0)
+
+
+@schema
 class AsyncTrainingConfig:
     staleness_threshold: float = rule(ge=0)
     trigger_parameter_sync_step: int = rule(ge=1)
@@ -426,6 +440,7 @@ class AsyncTrainingConfig:
     sync_transport: str = rule(choices=SYNC_TRANSPORTS)
     sync_bucket_size_mb: int = rule(gt=0)
     checkpoint_engine: CheckpointEngineConfig
+    long_tail: LongTailConfig
 
 
 @schema

@@ -123,8 +123,9 @@ SCHEME = "builtin://"
 
 
 def cache_dir() -> str:
-    root = os.environ.get("VERL_ASYNC_CACHE") or os.path.join("~", ".cache", "verl_async")
-    return os.path.join(os.path.expanduser(root), "data")
+    from verl_async.utils.cache import cache_path
+
+    return cache_path("data")
 
 
 def builtin_path(name: str) -> str:

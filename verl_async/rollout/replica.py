@@ -9,6 +9,7 @@ replicas on their own GPUs.
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import ray
@@ -53,6 +54,7 @@ class EngineReplica:
         trust_remote_code: bool = False,
         override_config: Optional[Mapping[str, Any]] = None,
         index: int = 0,
+        engine_overrides: Optional[Mapping[str, Any]] = None,
     ) -> None:
         shared = colocated_devices()
         if shared and device != "cpu":  # before the first accelerator call of this process
@@ -70,6 +72,7 @@ class EngineReplica:
             device=str(spec.torch_device),
             trust_remote_code=trust_remote_code,
             override_config=override_config,
+            **dict(engine_overrides or {}),
         )
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -193,14 +196,25 @@ def start_replicas(
     trust_remote_code: bool = False,
     override_config: Optional[Mapping[str, Any]] = None,
     timeout_s: float = 600,
+    engine_overrides: Optional[Sequence[Mapping[str, Any]]] = None,
 ) -> list[RemoteEngine]:
-    """Start `count` replica actors and wait until each has loaded its model."""
+    """Start `count` replica actors and wait until each has loaded its model.
+
+    `engine_overrides[i]`: engine keyword arguments for replica i only (P-DSR: a fast
+    replica's larger max_num_seqs).
+    """
     tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
+    if engine_overrides is not None and len(engine_overrides) != count:
+        raise ValueError(f"engine_overrides has {len(engine_overrides)} entries for {count} replicas")
     actor_cls = ray.remote(EngineReplica)
+    run_tag = uuid.uuid4().hex[:8]  # names show up in `ray list actors` and let operators find a replica
     handles = [
-        actor_cls.options(max_concurrency=1000, name=None, **replica_actor_options(device, tp)).remote(
+        actor_cls.options(
+            max_concurrency=1000, name=f"verl_async_replica{i}_{run_tag}", **replica_actor_options(device, tp)
+        ).remote(
             rollout_cfg, model_path, device, trust_remote_code=trust_remote_code,
             override_config=override_config, index=i,
+            engine_overrides=engine_overrides[i] if engine_overrides is not None else None,
         )
         for i in range(count)
     ]

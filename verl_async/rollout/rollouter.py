@@ -15,6 +15,7 @@ This is a plain asyncio class; the recipe wraps it in an async Ray actor.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -105,6 +106,7 @@ class Rollouter:
         version: int = 0,
         scheduling: str = "plain",
         scheduling_kwargs: Optional[dict[str, Any]] = None,
+        engine_capacity: Optional[Sequence[int]] = None,
     ) -> None:
         if not engines:
             raise ValueError("Rollouter needs at least one engine replica")
@@ -124,6 +126,13 @@ class Rollouter:
         self.counters = RolloutCounters()
         self._inflight: dict[str, tuple[PromptTask, asyncio.Task]] = {}
         self._requests_per_engine = [0] * len(self.engines)
+        # concurrent sequences each replica runs (max_num_seqs); pick_engine balances load / capacity
+        self.engine_capacity = [max(1, int(c)) for c in (engine_capacity or [1] * len(self.engines))]
+        if len(self.engine_capacity) != len(self.engines):
+            raise ValueError(f"engine_capacity has {len(self.engine_capacity)} entries for {len(self.engines)} engines")
+        self.replica_busy_s = [0.0] * len(self.engines)  # time with >= 1 request on the replica
+        self._replica_busy_since: list[Optional[float]] = [None] * len(self.engines)
+        self.group_latencies: collections.deque[float] = collections.deque(maxlen=10000)  # submit -> finish, s
         self._open = asyncio.Event()  # set = generation allowed (not inside a sync)
         self._open.set()
         self._changed = asyncio.Event()  # wakes the admission loop
@@ -158,6 +167,7 @@ class Rollouter:
                 break
             self._next_item = None
             self._start_group(item)
+        self._admission_stalled("end")
         while self._inflight:
             await asyncio.wait([t for _, t in self._inflight.values()])
             if self._failure:
@@ -172,6 +182,9 @@ class Rollouter:
         ):
             if self._failure:
                 raise self._failure
+            self._admission_stalled(
+                "sync" if not self._open.is_set() else "budget" if not self.budget.can_start() else "inflight"
+            )
             self._changed.clear()
             await self._changed.wait()
         if self._failure:
@@ -179,6 +192,17 @@ class Rollouter:
 
     def _poke(self) -> None:
         self._changed.set()
+
+    def _admission_stalled(self, reason: str) -> None:
+        """No group is admitted for now (reason: sync | budget | inflight | end); a policy that
+        batches groups (P-DSR) must not wait for more that cannot come."""
+        hook = getattr(self.policy, "on_admission_stalled", None)
+        if hook is not None:
+            hook(reason)
+
+    @property
+    def inflight_groups(self) -> int:
+        return len(self._inflight)
 
     def _start_group(self, item: PromptTask) -> None:
         self.budget.on_start()
@@ -222,20 +246,25 @@ class Rollouter:
             param_version_end=self.version,
         )
         finish = self.timeline.now()
+        self.group_latencies.append(finish - submit)
         self._log_lengths(sample, submit, finish)
         await self.sink.put(sample)
         self.counters.finished_groups += 1
 
     def pick_engine(self, candidates: Optional[Sequence[int]] = None) -> int:
-        """The least loaded replica among `candidates` (all by default)."""
+        """The least loaded replica (requests / capacity) among `candidates` (all by default)."""
         pool = range(len(self.engines)) if candidates is None else candidates
-        return min(pool, key=lambda i: self._requests_per_engine[i])
+        return min(pool, key=lambda i: self._requests_per_engine[i] / self.engine_capacity[i])
 
-    def response_seed(self, item: PromptTask, i: int) -> Optional[int]:
-        """Per-response seed, stable across processes and runs (no Python hash randomisation)."""
+    def response_seed(self, item: PromptTask, i: int, prefix_len: int = 0) -> Optional[int]:
+        """Per-response seed, stable across processes and runs (no Python hash randomisation).
+
+        A continuation (after an abort or a P-DSR move) gets a seed of its own, keyed by the
+        prefix length, so its sampling noise does not replay the stream that made the prefix.
+        """
         if self.sampling.seed is None:
             return None
-        return zlib.crc32(f"{self.sampling.seed}/{item.uid}/{i}".encode()) & 0x7FFFFFFF
+        return zlib.crc32(f"{self.sampling.seed}/{item.uid}/{i}/{prefix_len}".encode()) & 0x7FFFFFFF
 
     async def generate_one(
         self,
@@ -259,7 +288,7 @@ class Rollouter:
             versions=list(prefix.versions) if prefix else [],
             finish_reason="abort",
         )
-        sampling = replace(self.sampling, seed=self.response_seed(item, i))
+        sampling = self.sampling
         if max_tokens is None:
             max_tokens = target_length(item, i)
         if max_tokens is not None:
@@ -272,7 +301,7 @@ class Rollouter:
             request = GenerateRequest(
                 request_id=f"{item.uid}/{i}/{self._request_serial()}",
                 prompt_ids=item.prompt_ids,
-                sampling=sampling,
+                sampling=replace(sampling, seed=self.response_seed(item, i, len(state.token_ids))),
                 prefix_token_ids=state.token_ids,
                 prefix_log_probs=state.log_probs,
                 prefix_versions=state.versions,
@@ -312,12 +341,24 @@ class Rollouter:
                 end_time=self.timeline.now(),
             )
 
+    def replica_busy_seconds(self) -> list[float]:
+        """Per replica: seconds with at least one request on it (the current busy span included)."""
+        now = time.monotonic()
+        return [b + (now - s if s is not None else 0.0) for b, s in zip(self.replica_busy_s, self._replica_busy_since)]
+
+    def busy_seconds(self) -> float:
+        """Time with at least one request on an engine, the running busy span included."""
+        running = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
+        return self.counters.busy_time_s + running
+
     def _request_serial(self) -> int:
         self._serial += 1
         return self._serial
 
     def _request_started(self, idx: int) -> None:
         self._requests_per_engine[idx] += 1
+        if self._requests_per_engine[idx] == 1:
+            self._replica_busy_since[idx] = time.monotonic()
         self._running_requests += 1
         if self._running_requests == 1:
             self._idle.clear()
@@ -325,6 +366,10 @@ class Rollouter:
 
     def _request_finished(self, idx: int) -> None:
         self._requests_per_engine[idx] -= 1
+        since = self._replica_busy_since[idx]
+        if self._requests_per_engine[idx] == 0 and since is not None:
+            self.replica_busy_s[idx] += time.monotonic() - since
+            self._replica_busy_since[idx] = None
         self._running_requests -= 1
         if self._running_requests == 0:
             self._idle.set()

@@ -23,8 +23,10 @@ from verl_async.models import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
+from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
-from verl_async.rollout.staleness import StalenessBudget, max_required_samples
+from verl_async.config.derived import max_required_samples, required_samples, rollout_replicas
+from verl_async.rollout.staleness import StalenessBudget
 from verl_async.sync_collective import EngineGroupEndpoint
 from verl_async.utils.timeline import Timeline
 
@@ -96,16 +98,6 @@ class QueueSink:
         return int(await self.queue.size.remote())
 
 
-def num_replicas(cfg: Any) -> int:
-    tp = int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size or 1)
-    devices = int(cfg.rollout.nnodes) * int(cfg.rollout.n_gpus_per_node)
-    return max(1, devices // tp)
-
-
-def required_samples(cfg: Any) -> int:
-    return int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * int(cfg.async_training.require_batches)
-
-
 def sampling_from(rollout_cfg: Any, eos_ids: Sequence[int], *, validation: bool = False) -> SamplingParams:
     src = rollout_cfg.val_kwargs if validation else rollout_cfg
     do_sample = bool(src.get("do_sample", True))
@@ -149,23 +141,25 @@ class RolloutService:
             cfg.reward_model, cfg.custom_reward_function, self.tokenizer,
             max_response_length=int(cfg.data.max_response_length),
         )
+        required = required_samples(cfg)
+        count = max(1, rollout_replicas(cfg)) if engines is None else len(engines)
+        scheduling, scheduling_kwargs, capacities = scheduling_from_config(
+            cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs), required
+        )
         if engines is None:
             engines = start_replicas(
-                num_replicas(cfg), rollout_cfg, model_path, str(cfg.trainer.device),
+                count, rollout_cfg, model_path, str(cfg.trainer.device),
                 trust_remote_code=bool(model_cfg.trust_remote_code),
                 override_config=dict(model_cfg.override_config or {}),
+                engine_overrides=[{"max_num_seqs": c} for c in capacities],
             )
         self.engines = list(engines)
         self.sync_endpoint = EngineGroupEndpoint(self.engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.eos_ids = eos
-        required = required_samples(cfg)
-        trigger = int(cfg.async_training.trigger_parameter_sync_step)
-        threshold = float(cfg.async_training.staleness_threshold)
-        self.limit = max_required_samples(required, trigger, threshold)
+        self.limit = max_required_samples(cfg)
         n = int(rollout_cfg.n)
         total = cfg.rollout.total_rollout_steps
-        max_seqs = int(rollout_cfg.max_num_seqs) * len(self.engines)
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
         self.rollouter = Rollouter(
             engines=self.engines,
@@ -176,11 +170,17 @@ class RolloutService:
             sampling=sampling_from(rollout_cfg, eos),
             budget=StalenessBudget(self.limit),
             partial_rollout=bool(cfg.async_training.partial_rollout),
-            max_inflight_groups=max(1, max_seqs // n),
+            max_inflight_groups=max_inflight_groups(capacities, n, scheduling, scheduling_kwargs),
             total_prompts=None if total in (None, -1) else int(total),
             timeline=self.timeline,
             lengths_log=os.path.join(run_dir, "rollout", "lengths.jsonl"),
+            scheduling=scheduling,
+            scheduling_kwargs=scheduling_kwargs,
+            engine_capacity=capacities,
         )
+        if scheduling != "plain":
+            logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
+                        ", ".join(f"{i}:{c} seqs" for i, c in enumerate(capacities)))
         self._run_started = time.monotonic()
 
     # ------------------------------------------------------------------ the loop
@@ -194,6 +194,21 @@ class RolloutService:
 
     def stop(self) -> None:
         self.rollouter.stop()
+
+    async def shutdown(self) -> None:
+        """Stop generating and end the engine replicas."""
+        import ray
+
+        self.rollouter.stop()
+        for engine in self.engines:
+            handle = getattr(engine, "handle", None)
+            try:
+                await engine.shutdown()
+            except Exception:  # noqa: BLE001 - a dead replica needs no shutdown
+                pass
+            if handle is not None:
+                ray.kill(handle)
+        self.reward.close()
 
     def total_prompts(self) -> int:
         """Prompts this run will generate (rollout.total_rollout_steps, else epochs x dataset)."""
@@ -232,10 +247,11 @@ class RolloutService:
         c = self.rollouter.counters
         wall = max(1e-9, time.monotonic() - self._run_started)
         out = {f"rollout/{k}": float(v) for k, v in asdict(c).items()}
-        out["rollout/idle_ratio"] = max(0.0, 1.0 - c.busy_time_s / wall)
+        out["rollout/idle_ratio"] = max(0.0, 1.0 - self.rollouter.busy_seconds() / wall)
         out["rollout/tokens_per_s"] = c.generated_tokens / wall
         out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
         out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)
+        out.update(scheduling_metrics(self.rollouter, wall))
         out.update(self.reward.metrics())
         stats = self.dataset.stats
         out["data/bad_rows"] = float(stats.bad_rows)
@@ -289,7 +305,12 @@ class RolloutService:
     def state_dict(self) -> dict:
         """Cursor + prompts taken but not queued yet (call while paused for a sync)."""
         pending = [asdict(t) for t in self.rollouter.pending_items()]
-        return {"iterator": self.iterator.state_dict(), "pending": pending, "version": self.rollouter.version}
+        return {
+            "iterator": self.iterator.state_dict(),
+            "pending": pending,
+            "version": self.rollouter.version,
+            "started_groups": self.rollouter.counters.started_groups,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any], queued_uids: Iterable[str] = ()) -> int:
         """Continue at the checkpointed cursor; redo pending prompts that are not already queued."""
@@ -298,4 +319,6 @@ class RolloutService:
         redo = [PromptTask(**p) for p in state.get("pending", []) if p["uid"] not in skip]
         self.source.push_front(redo)
         self.rollouter.version = int(state.get("version", 0))
+        # total_rollout_steps counts over the whole run: the redone prompts start again
+        self.rollouter.counters.started_groups = int(state.get("started_groups", 0)) - len(redo)
         return len(redo)

@@ -48,9 +48,14 @@ def _torch_varlen():
 
 
 def resolve_attn_implementation(requested: str, device: str) -> str:
-    """`auto`: flash_attention_2 if installed on CUDA, else sdpa (transformers' packed mask)."""
+    """`auto`: flash_attention_2 if installed on CUDA, else `varlen`.
+
+    Not sdpa: for packed rows transformers builds a dense [N, N] block-diagonal mask, so
+    attention costs N^2 over the whole pack instead of the sum of per-sequence squares
+    (measured on the CPU demo: 2.8x slower steps than varlen's per-sequence path).
+    """
     if requested == "auto":
-        return "flash_attention_2" if device == "cuda" and flash_attn_available() else "sdpa"
+        requested = "flash_attention_2" if device == "cuda" and flash_attn_available() else VARLEN
     if requested == "flash_attention_2" and not flash_attn_available():
         raise ValueError("actor_rollout_ref.model.attn_implementation=flash_attention_2 but flash_attn is not "
                          "installed; use sdpa or varlen")

@@ -29,6 +29,7 @@ from tensordict import TensorDict
 
 from verl_async.algos import compute_advantages, compute_reinforce_plus_plus_advantage, kl_in_reward, kl_penalty
 from verl_async.algos.advantages import scores_to_token_rewards
+from verl_async.config.derived import recomputes_old_log_probs, required_samples, uses_reference_policy
 from verl_async.protocol import RolloutSample, collate_groups
 from verl_async.rollout.staleness import exceeds_max_staleness
 from verl_async.utils.timeline import Timeline
@@ -88,8 +89,7 @@ class Trainer:
         self.pad_token_id = pad_token_id
         self.wg = worker_group
         self.group_source = group_source  # debug.load_rollout_data
-        actor = cfg.actor_rollout_ref.actor
-        self.required = int(actor.ppo_mini_batch_size) * int(cfg.async_training.require_batches)
+        self.required = required_samples(cfg)
         self.trigger = int(cfg.async_training.trigger_parameter_sync_step)
         self.n = int(cfg.actor_rollout_ref.rollout.n)
         self.max_staleness = cfg.algorithm.get("max_staleness")
@@ -155,10 +155,11 @@ class Trainer:
         return self.version
 
     def _truncate_trained_log(self, step: int) -> None:
+        """Keep the record of the `step` steps the checkpoint holds; later ones were lost with the crash."""
         if not os.path.exists(self._trained_log):
             return
         with open(self._trained_log) as f:
-            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            keep = [line for line in f if line.strip() and json.loads(line)["step"] < step]
         with open(self._trained_log, "w") as f:
             f.writelines(keep)
 
@@ -181,7 +182,7 @@ class Trainer:
     def _while_paused(self) -> dict[str, float]:
         out: dict[str, float] = {}
         if self.test_freq > 0 and self.version % self.test_freq == 0 and self.version > 0:
-            out.update(self.validate())
+            self.validate()  # logs its own metrics at this version
         if self.save_freq > 0 and self.version % self.save_freq == 0 and self.version > 0:
             out["timing_s/save_checkpoint"] = self.save_checkpoint()
         return out
@@ -323,11 +324,11 @@ class Trainer:
 
     def prepare_batch(self, batch: TensorDict) -> dict[str, float]:
         """old / ref log-probs, (KL-shaped) rewards and advantages, added to the batch in place."""
-        cfg, actor = self.cfg, self.cfg.actor_rollout_ref.actor
+        cfg = self.cfg
         algo = cfg.algorithm
         mask = batch["response_mask"]
         metrics: dict[str, float] = {}
-        recompute = not bool(cfg.async_training.use_rollout_log_probs) or bool(cfg.async_training.compute_prox_log_prob)
+        recompute = recomputes_old_log_probs(cfg)
         if recompute:
             with self.timeline.span("trainer/driver", "logprob", self.version):
                 old = self.wg.compute_log_prob(batch)
@@ -340,8 +341,7 @@ class Trainer:
         else:
             old = batch["rollout_log_probs"].clone()
         batch["old_log_probs"] = old
-        use_ref = bool(actor.use_kl_loss) or bool(algo.use_kl_in_reward)
-        if use_ref:
+        if uses_reference_policy(cfg):
             ref = self.wg.compute_ref_log_prob(batch)
             batch["ref_log_prob"] = ref
             kl = kl_penalty(old, ref, "kl") * mask
