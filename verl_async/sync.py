@@ -3,7 +3,8 @@
 A sync is: pause generation -> move the weights bucket by bucket -> (validation /
 checkpoint while nothing generates) -> resume. Transports are chosen by name
 (`async_training.sync_transport`): `object_store` (Ray object store; any device, the
-CPU default) here; collective transports register themselves in `TRANSPORTS`.
+CPU default) here; the collective transports `nccl` (CUDA), `hccl` (NPU) and `gloo`
+(host memory, any device: tests and debugging) in `sync_collective.py`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ TRANSPORTS: dict[str, str] = {
     "object_store": "verl_async.sync:ObjectStoreSync",
     "nccl": "verl_async.sync_collective:CollectiveSync",
     "hccl": "verl_async.sync_collective:CollectiveSync",
+    "gloo": "verl_async.sync_collective:GlooCollectiveSync",  # the collective path over host memory (tests/debug)
 }
 
 

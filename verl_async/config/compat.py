@@ -54,7 +54,6 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.ref.megatron.dist_checkpointing_path": Compat(None),
     "actor_rollout_ref.rollout.mode": Compat("async", "generation is always asynchronous"),
     "actor_rollout_ref.rollout.calculate_log_probs": Compat(True, "rollout log-probs are always recorded"),
-    "actor_rollout_ref.rollout.free_cache_engine": Compat(True, "rollout engines keep their memory"),
     "trainer.critic_warmup": Compat(0, "there is no critic"),
     "trainer.default_hdfs_dir": Compat(None),
     "trainer.del_local_ckpt_after_load": Compat(False),

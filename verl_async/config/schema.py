@@ -34,7 +34,7 @@ TRUNCATIONS = ("error", "left", "right", "middle")
 DEVICES = ("cuda", "npu", "cpu")  # == verl_async.utils.device.DEVICE_KINDS (not imported: it pulls in torch)
 RESUME_MODES = ("auto", "disable", "resume_path")
 STRATEGIES = ("fsdp", "fsdp2", "megatron")  # fsdp (verl's FSDP1) runs as fsdp2
-SYNC_TRANSPORTS = ("object_store", "nccl", "hccl")
+SYNC_TRANSPORTS = ("object_store", "nccl", "hccl", "gloo")
 REWARD_MANAGERS = ("naive", "dapo")
 LR_SCHEDULERS = ("constant", "cosine")
 MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")

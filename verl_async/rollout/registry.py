@@ -17,6 +17,7 @@ EngineFactory = Union[str, Callable[..., InferenceEngine]]
 
 _ENGINES: dict[str, EngineFactory] = {
     "native": "verl_async.rollout.native:NativeEngine",
+    "vllm": "verl_async.rollout.vllm_engine:VLLMEngine",
 }
 
 

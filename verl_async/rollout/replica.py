@@ -8,6 +8,7 @@ replicas on their own GPUs.
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
@@ -16,6 +17,7 @@ import torch
 
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.registry import build_engine_from_config
+from verl_async.sync_collective import EngineGroupEndpoint, engine_endpoint
 from verl_async.utils import device as device_layer
 
 
@@ -23,6 +25,21 @@ def _buckets_from_refs(refs: Sequence[Any]) -> Iterator[Any]:
     """Fetch weight buckets one at a time (peak extra memory: one bucket)."""
     for ref in refs:
         yield ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
+
+
+COLOCATE_ENV = "VERL_ASYNC_COLOCATE_GPUS"
+
+
+def colocated_devices() -> Optional[list[str]]:
+    """Benchmark hook: physical accelerator ids the engine replicas share with the trainer ranks, or None.
+
+    `scripts/bench_async.py` sets VERL_ASYNC_COLOCATE_GPUS=0,1,... for its synchronous colocated
+    baseline. Replicas then ask Ray for no accelerator (the trainer ranks hold them) and replica i
+    pins ids[i*tp:(i+1)*tp] itself; engine memory is bounded by rollout.gpu_memory_utilization /
+    kv_cache_tokens, so engine and trainer fit on one device side by side.
+    """
+    ids = [x.strip() for x in os.environ.get(COLOCATE_ENV, "").split(",") if x.strip()]
+    return ids or None
 
 
 class EngineReplica:
@@ -39,6 +56,13 @@ class EngineReplica:
         index: int = 0,
         engine_overrides: Optional[Mapping[str, Any]] = None,
     ) -> None:
+        shared = colocated_devices()
+        if shared and device != "cpu":  # before the first accelerator call of this process
+            tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
+            mine = shared[index * tp:(index + 1) * tp]
+            if len(mine) < tp:
+                raise ValueError(f"{COLOCATE_ENV}={','.join(shared)} has no {tp} device(s) for replica {index}")
+            os.environ[device_layer.visible_devices_env(device)] = ",".join(mine)
         spec = device_layer.resolve(device)
         spec.set_current()
         self.index = index
@@ -60,6 +84,22 @@ class EngineReplica:
     async def load_buckets(self, refs: list, version: int) -> None:
         await self.engine.update_weights(_buckets_from_refs(refs), version)
 
+    # collective weight sync (verl_async/sync_collective.py): this replica's engine ranks join the group
+    async def weight_sync_ranks(self) -> int:
+        return await engine_endpoint(self.engine).weight_sync_ranks()
+
+    async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                               timeout_s: float, name: str) -> None:
+        await engine_endpoint(self.engine).join_weight_sync(host, port, rank, world_size, backend, timeout_s, name)
+
+    async def receive_weights(self, plan: list, version: int, double_buffer: bool = True,
+                              verify: bool = False) -> dict:
+        return await engine_endpoint(self.engine).receive_weights(plan, version, double_buffer=double_buffer,
+                                                                  verify=verify)
+
+    async def leave_weight_sync(self) -> None:
+        await engine_endpoint(self.engine).leave_weight_sync()
+
     async def pause(self) -> None:
         await self.engine.pause()
 
@@ -70,6 +110,13 @@ class EngineReplica:
         return self.engine.stats()
 
     def version(self) -> int:
+        return self.engine.version
+
+    async def ready(self) -> int:
+        """Finish engines that start inside the event loop (vLLM's AsyncLLM); returns the weight version."""
+        start = getattr(self.engine, "start", None)
+        if start is not None:
+            await start()
         return self.engine.version
 
     async def shutdown(self) -> None:
@@ -96,6 +143,22 @@ class RemoteEngine(InferenceEngine):
         await self.handle.load_buckets.remote(refs, version)
         self._version = version
 
+    async def weight_sync_ranks(self) -> int:
+        return int(await self.handle.weight_sync_ranks.remote())
+
+    async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                               timeout_s: float, name: str) -> None:
+        await self.handle.join_weight_sync.remote(host, port, rank, world_size, backend, timeout_s, name)
+
+    async def receive_weights(self, plan: list, version: int, *, double_buffer: bool = True,
+                              verify: bool = False) -> dict:
+        out = await self.handle.receive_weights.remote(plan, version, double_buffer, verify)
+        self._version = version
+        return out
+
+    async def leave_weight_sync(self) -> None:
+        await self.handle.leave_weight_sync.remote()
+
     async def pause(self) -> None:
         await self.handle.pause.remote()
 
@@ -115,6 +178,8 @@ class RemoteEngine(InferenceEngine):
 
 def replica_actor_options(device: str, tensor_parallel_size: int, cpu_share: float = 0.25) -> dict[str, Any]:
     """Ray resources for one replica: its accelerators, or a small CPU share (never a big reservation)."""
+    if device != "cpu" and colocated_devices():
+        return {"num_cpus": 1}  # the devices are the trainer's; the replica pins its share itself
     if device == "cuda":
         return {"num_gpus": tensor_parallel_size, "num_cpus": 1}
     if device == "npu":
@@ -153,5 +218,35 @@ def start_replicas(
         )
         for i in range(count)
     ]
-    ray.get([h.version.remote() for h in handles], timeout=timeout_s)
+    ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
     return [RemoteEngine(h, i) for i, h in enumerate(handles)]
+
+
+class SyncTarget(EngineGroupEndpoint):
+    """Replicas that only receive weights: the rollout side of a sync without a Rollouter.
+
+    `CollectiveSync` / `ObjectStoreSync` need pause/resume and the sync fan-out; sync checks and
+    benchmarks (scripts/check_sync_gpu.py, tests) wrap this class in a Ray actor.
+    """
+
+    def __init__(self, count: int, rollout_cfg: Mapping[str, Any], model_path: str, device: str, **kwargs: Any) -> None:
+        super().__init__(start_replicas(count, rollout_cfg, model_path, device, **kwargs))
+        self.pauses = 0
+        self.version = -1
+
+    async def pause_for_sync(self) -> None:
+        self.pauses += 1
+
+    async def resume_after_sync(self, version: int) -> None:
+        self.version = version
+
+    async def load_buckets(self, refs: list, version: int) -> None:
+        import asyncio
+
+        await asyncio.gather(*(e.update_weights(list(refs), version) for e in self.sync_engines))
+
+    def state(self) -> tuple[int, int]:
+        return self.pauses, self.version
+
+    def kill_replica(self, index: int) -> None:
+        ray.kill(self.sync_engines[index].handle)

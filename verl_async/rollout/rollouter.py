@@ -47,6 +47,16 @@ class PromptTask:
     extra_info: dict[str, Any] = field(default_factory=dict)
 
 
+def target_length(item: PromptTask, i: int) -> Optional[int]:
+    """Workload hook (scripts/bench_async.py): a row's `extra_info.target_lengths` caps response i.
+
+    With `rollout.ignore_eos=true` it forces each response to its drawn length, giving a
+    benchmark a controlled long-tail length distribution on a random-weight model.
+    """
+    lengths = (item.extra_info or {}).get("target_lengths")
+    return int(lengths[i % len(lengths)]) if lengths else None
+
+
 class PromptSource(Protocol):
     def next(self) -> Optional[PromptTask]: ...
     def push_front(self, items: Sequence[PromptTask]) -> None: ...
@@ -279,6 +289,8 @@ class Rollouter:
             finish_reason="abort",
         )
         sampling = self.sampling
+        if max_tokens is None:
+            max_tokens = target_length(item, i)
         if max_tokens is not None:
             sampling = replace(sampling, max_tokens=min(int(max_tokens), self.sampling.max_tokens))
         errors = 0

@@ -27,6 +27,7 @@ from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.config.derived import max_required_samples, required_samples, rollout_replicas
 from verl_async.rollout.staleness import StalenessBudget
+from verl_async.sync_collective import EngineGroupEndpoint
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollout")
@@ -106,7 +107,8 @@ def sampling_from(rollout_cfg: Any, eos_ids: Sequence[int], *, validation: bool 
         top_p=float(src.top_p),
         top_k=int(src.top_k),
         max_tokens=int(rollout_cfg.response_length),
-        stop_token_ids=tuple(eos_ids),
+        # ignore_eos: the EOS must not stop generation, so it is not a stop id either (only the length ends it)
+        stop_token_ids=() if bool(rollout_cfg.get("ignore_eos", False)) else tuple(eos_ids),
         ignore_eos=bool(rollout_cfg.get("ignore_eos", False)),
         seed=int(rollout_cfg.get("seed", 0) or 0),
     )
@@ -152,6 +154,7 @@ class RolloutService:
                 engine_overrides=[{"max_num_seqs": c} for c in capacities],
             )
         self.engines = list(engines)
+        self.sync_endpoint = EngineGroupEndpoint(self.engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.eos_ids = eos
         self.limit = max_required_samples(cfg)
@@ -223,6 +226,21 @@ class RolloutService:
 
     async def resume_after_sync(self, version: int) -> None:
         await self.rollouter.resume_after_sync(version)
+
+    # collective transports (nccl / hccl / gloo): sync_collective.EngineGroupEndpoint fans out to the replicas
+    async def weight_sync_ranks(self) -> list[int]:
+        return await self.sync_endpoint.weight_sync_ranks()
+
+    async def join_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
+                               name: str) -> None:
+        await self.sync_endpoint.join_weight_sync(host, port, world_size, backend, timeout_s, name)
+
+    async def receive_weights(self, plan: list, version: int, double_buffer: bool = True,
+                              verify: bool = False) -> dict[str, dict]:
+        return await self.sync_endpoint.receive_weights(plan, version, double_buffer, verify)
+
+    async def leave_weight_sync(self) -> None:
+        await self.sync_endpoint.leave_weight_sync()
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, float]:

@@ -372,8 +372,9 @@ class FSDPWorker:
         return norm
 
     # ------------------------------------------------------------------ weight sync / export
-    def iter_full_params(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full CPU tensor) on rank 0; every rank must iterate (the gathers are collective).
+    def iter_full_params(self, dtype: Optional[torch.dtype] = None, *, to_cpu: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) on rank 0, on the host unless `to_cpu=False` (collective sync sends device
+        tensors); every rank must iterate (the gathers are collective).
 
         Names are the HF module's `named_parameters()` (tied weights appear once, as the
         embedding), the names `load_weights` / `load_state_dict(strict=False)` expect.
@@ -388,7 +389,8 @@ class FSDPWorker:
                 else:
                     full = param.data
                 if self.rank == 0:
-                    yield name, full.detach().to(dtype or full.dtype).cpu()
+                    out = full.detach().to(dtype or full.dtype)
+                    yield name, out.cpu() if to_cpu else out
                 del full
         finally:
             self._offload_if_asked()
@@ -408,6 +410,38 @@ class FSDPWorker:
             size += nbytes
         if bucket:
             yield bucket
+
+    # ------------------------------------------------------------------ collective weight sync (sync_collective.py)
+    def _weight_sync(self):
+        from verl_async.sync_collective import TrainerEndpoint
+
+        if getattr(self, "_sync_endpoint", None) is None:
+            self._sync_endpoint = TrainerEndpoint(self.rank)
+        return self._sync_endpoint
+
+    def weight_sync_plan(self, bucket_bytes: int, dtype: Optional[str] = None) -> list:
+        """The bucket plan (names, dtypes, full shapes, offsets) from metadata alone: no gather."""
+        from verl_async.sync_collective import plan_buckets, plan_to_wire
+
+        target = _DTYPE[dtype] if dtype else self._sync_dtype()
+        return plan_to_wire(plan_buckets(((n, target, tuple(p.shape)) for n, p in self.model.named_parameters()),
+                                         bucket_bytes))
+
+    def weight_sync_address(self, local_only: bool, timeout_s: float) -> tuple[str, int]:
+        return self._weight_sync().address(local_only, timeout_s)
+
+    def join_weight_sync(self, world_size: int, backend: str, timeout_s: float, name: str) -> None:
+        self._weight_sync().join(world_size, backend, timeout_s, name)
+
+    def send_weights(self, plan: list, double_buffer: bool = True, verify: bool = False,
+                     dtype: Optional[str] = None) -> dict:
+        """Every rank gathers; rank 0 broadcasts the buckets of `plan` to the sync group."""
+        target = _DTYPE[dtype] if dtype else self._sync_dtype()
+        return self._weight_sync().send(plan, self.iter_full_params(target, to_cpu=False),
+                                        double_buffer=double_buffer, verify=verify)
+
+    def leave_weight_sync(self) -> None:
+        self._weight_sync().close()
 
     def _sync_dtype(self) -> torch.dtype:
         return torch.float32 if self.settings.device == "cpu" else _DTYPE[self.settings.param_dtype]

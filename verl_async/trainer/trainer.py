@@ -122,10 +122,14 @@ class Trainer:
         if worker_group is not None and rollouter is not None:
             from verl_async.sync import build_sync
 
-            self.sync = build_sync(
-                str(cfg.async_training.sync_transport), worker_group, rollouter,
-                bucket_bytes=int(cfg.async_training.sync_bucket_size_mb) << 20,
-            )
+            at = cfg.async_training
+            transport = str(at.sync_transport)
+            kwargs: dict[str, Any] = {"bucket_bytes": int(at.sync_bucket_size_mb) << 20}
+            if transport != "object_store":  # collective transports read verl's checkpoint_engine keys
+                engine = at.checkpoint_engine
+                kwargs.update(bucket_bytes=int(engine.device_buffer_size_M) << 20,
+                              double_buffer=bool(engine.overlap_broadcast_and_consume))
+            self.sync = build_sync(transport, worker_group, rollouter, **kwargs)
 
     # ------------------------------------------------------------------ resume
     def find_checkpoint(self) -> Optional[str]:

@@ -333,6 +333,27 @@ class FSDPWorkerGroup:
                     for ref in gen:
                         self._wait([ref], f"weight_buckets (rank {rank})")
 
+    # Collective sync (verl_async/sync_collective.py): rank 0 joins the sync group and broadcasts, every
+    # rank takes part in the gathers. The *_async calls return refs so the caller can wait on the
+    # trainer and the engines together (the transfer is one collective across both).
+    def weight_sync_plan(self, bucket_bytes: int, dtype: Optional[str] = None) -> list:
+        return self._call_one(0, "weight_sync_plan", int(bucket_bytes), dtype)
+
+    def weight_sync_address(self, local_only: bool, timeout_s: float) -> tuple[str, int]:
+        return self._call_one(0, "weight_sync_address", bool(local_only), float(timeout_s))
+
+    def join_weight_sync_async(self, world_size: int, backend: str, timeout_s: float, name: str) -> list:
+        return [self.workers[0].join_weight_sync.remote(int(world_size), backend, float(timeout_s), name)]
+
+    def send_weights_async(self, plan: list, double_buffer: bool = True, verify: bool = False,
+                           dtype: Optional[str] = None) -> list:
+        if self._broken:
+            raise WorkerGroupError(f"{self.name}: unusable after an earlier failure ({self._broken})")
+        return [w.send_weights.remote(plan, double_buffer, verify, dtype) for w in self.workers]
+
+    def leave_weight_sync(self) -> None:
+        self._call_one(0, "leave_weight_sync")
+
     def iter_weights(self, bucket_bytes: int = 256 << 20, dtype: Optional[str] = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full CPU tensor) pairs, one bucket in memory at a time."""
         for ref in self.weight_bucket_refs(bucket_bytes, dtype):

@@ -1,0 +1,413 @@
+"""Fully async vs synchronous colocated RL, same workload, same GPUs, same trained samples (not a test).
+
+    python scripts/bench_async.py --device cuda --gpus 4 --engine vllm --out $OUT/bench_async_4gpu.json
+    python scripts/bench_async.py --device cpu --tiny --configs sync,s0.5_p1     # smoke check of the script itself
+
+Every configuration runs the real product, `verl_async.pipeline.run(cfg)` (Ray, Rollouter,
+MessageQueue, FSDP2 Trainer, parameter sync), each in its own Ray session:
+
+* `sync` - synchronous on-policy, COLOCATED: the engine replicas and the trainer ranks share
+  all `--gpus` GPUs (one replica + one trainer rank per GPU; `VERL_ASYNC_COLOCATE_GPUS`, see
+  verl_async/rollout/replica.py) with `staleness_threshold=0`, `trigger_parameter_sync_step=1`,
+  `partial_rollout=false`: all GPUs generate one batch, then all GPUs train on it, then the
+  weights move (object store: NCCL cannot join two processes of one GPU); repeat. This is
+  verl's default (hybrid) trainer's schedule with the same engine and trainer code. Its KV
+  memory is smaller (the trainer lives beside it). Because a colocated trainer could refit
+  through CUDA IPC instead, the table also gives `sync-nosync`: its wall time minus every
+  second spent in parameter sync - the speedups are computed against that (the baseline's best).
+* `sS_pP` - fully async, split GPUs: `--gpus/2` rollout GPUs, `--gpus/2` trainer GPUs,
+  `staleness_threshold=S`, `partial_rollout=P`, weights over NCCL (gloo on CPU).
+
+Workload (stated, synthetic): a random-weight model of Qwen2.5-0.5B's shape (no hub; `--tiny`:
+a tiny Qwen2), prompts from the built-in task, and long-tail response lengths forced per
+response: each prompt draws a mean length from a log-normal (`--cv-between`), each of its
+`n` responses a length around it (`--cv-within`), capped at `--max-response-length`;
+`rollout.ignore_eos=true` plus the rows' `extra_info.target_lengths` (read by
+`Rollouter.generate_one`) make every response exactly that long (finish_reason "length").
+All configurations train the same `--steps x --prompts-per-step` prompts.
+
+Measured on the run's own timeline (`timeline.jsonl`), over the window from the first
+generated token to the end of the last training step (start-up excluded):
+wall time, trained tokens/s (prompt + response tokens of every trained sample / window),
+rollout busy (union of generation spans) and trainer busy (train + log-prob spans), their
+idle ratios, pipeline efficiency = max(gen busy, train busy) / wall, `timing_s/param_sync`
+(mean over syncs, from TensorBoard), peak GPU memory (max over GPUs of nvidia-smi's used
+memory, sampled every 0.5 s: engines pre-allocate, so this is the honest figure), and the
+trainer's own `perf/max_memory_allocated_gb`. Prints a table; writes JSON after every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+CONFIGS = ("sync", "s0_p1", "s0.5_p1", "s1_p1", "s0_p0", "s0.5_p0", "s1_p0")
+
+
+# ------------------------------------------------------------------------------------- workload
+def lognormal_lengths(rng: random.Random, mean: float, cv: float, count: int, cap: int) -> list[int]:
+    """`count` draws of a log-normal with the given mean and coefficient of variation, in [1, cap]."""
+    sigma2 = math.log(1.0 + cv * cv)
+    mu = math.log(max(mean, 1.0)) - sigma2 / 2
+    return [max(1, min(cap, int(round(rng.lognormvariate(mu, math.sqrt(sigma2)))))) for _ in range(count)]
+
+
+def write_workload(path: str, prompts: int, n: int, *, mean: float, cv_between: float, cv_within: float, cap: int,
+                   seed: int) -> dict[str, float]:
+    """Built-in task prompts with per-response target lengths; returns the realised length statistics."""
+    from verl_async.data import builtin
+    from verl_async.data.files import write_rows
+
+    rng = random.Random(seed)
+    rows = builtin.generate_rows("bench", prompts, seed)
+    means = lognormal_lengths(rng, mean, cv_between, prompts, cap)
+    lengths: list[int] = []
+    cvs = []
+    for row, m in zip(rows, means):
+        targets = lognormal_lengths(rng, m, cv_within, n, cap)
+        row["extra_info"]["target_lengths"] = targets
+        lengths += targets
+        mu = sum(targets) / n
+        cvs.append((sum((t - mu) ** 2 for t in targets) / n) ** 0.5 / mu)
+    write_rows(rows, path)
+    mu = sum(lengths) / len(lengths)
+    return {"mean": mu, "max": max(lengths), "cv_all": (sum((x - mu) ** 2 for x in lengths) / len(lengths)) ** 0.5 / mu,
+            "cv_within_mean": sum(cvs) / len(cvs), "capped_fraction": sum(x == cap for x in lengths) / len(lengths),
+            "total_response_tokens": sum(lengths)}
+
+
+def build_model(path: str, tiny: bool) -> str:
+    """The random-weight model folder (built in a child process: the driver keeps no GPU memory)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import bench_train as b; "
+            "b.build_model_dir(sys.argv[2], b.TINY if sys.argv[3] == '1' else b.QWEN25_05B)")
+    subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "scripts"), path, "1" if tiny else "0"],
+                   check=True)
+    return path
+
+
+# ------------------------------------------------------------------------------------- configs
+def overrides_for(name: str, args: argparse.Namespace, model: str, data: str, run_dir: str) -> list[str]:
+    a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    sync = name == "sync"
+    if sync:
+        staleness, partial = 0.0, False
+    else:
+        s, p = name[1:].split("_p")
+        staleness, partial = float(s), p == "1"
+    half = max(1, args.gpus // 2)
+    train_gpus = args.gpus if sync else half
+    rollout_gpus = args.gpus if sync else args.gpus - half
+    if args.device == "cpu":
+        transport = "object_store" if sync else "gloo"
+    else:
+        transport = "object_store" if sync else "nccl"
+    mem = args.gpu_memory_sync if sync else args.gpu_memory
+    out = [
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files={data}", "data.val_files=null", f"data.max_prompt_length={args.max_prompt_length}",
+        f"data.max_response_length={args.max_response_length}", "data.shuffle=false",
+        f"trainer.device={args.device}", f"trainer.n_gpus_per_node={train_gpus}",
+        f"rollout.n_gpus_per_node={rollout_gpus}", f"rollout.total_rollout_steps={args.steps * args.prompts_per_step}",
+        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.resume_mode=disable",
+        "trainer.logger=[tensorboard]", f"trainer.default_local_dir={run_dir}", f"trainer.experiment_name={name}",
+        f"{a}.ppo_mini_batch_size={args.prompts_per_step}", f"{a}.ppo_max_token_len_per_gpu={args.max_tokens_per_gpu}",
+        f"{a}.use_dynamic_bsz=true", f"{a}.optim.lr=1e-6",
+        f"{r}.name={args.engine}", f"{r}.n={args.n}", f"{r}.temperature=1.0", f"{r}.ignore_eos=true",
+        f"{r}.max_num_seqs={args.max_num_seqs}", f"{r}.gpu_memory_utilization={mem}",
+        f"{r}.enforce_eager={'true' if args.enforce_eager else 'false'}",
+        f"{r}.max_num_batched_tokens={args.max_num_batched_tokens}",
+        f"async_training.staleness_threshold={staleness}", f"async_training.partial_rollout={str(partial).lower()}",
+        f"async_training.trigger_parameter_sync_step={1 if sync else args.trigger}",
+        f"async_training.sync_transport={transport}", "async_training.require_batches=1",
+    ]
+    if args.engine == "native" and args.device == "cuda":
+        # the native engine sizes its KV up front (gpu_memory_utilization is vLLM's): one slot per sequence
+        out.append(f"{r}.kv_cache_tokens={args.max_num_seqs * (args.max_prompt_length + args.max_response_length)}")
+    return out
+
+
+def compose(overrides: list[str], engine: str, device: str, max_num_seqs: int = 256):
+    from omegaconf import OmegaConf, open_dict
+
+    from verl_async.config import validate
+    from verl_async.config.cli import compose as hydra_compose
+
+    cfg = hydra_compose(overrides=overrides)
+    if engine == "vllm":
+        # no torch.compile (start-up in seconds); full CUDA graphs for decode steps at a few batch sizes
+        sizes = [1 << k for k in range(0, 12) if (1 << k) <= max(1, max_num_seqs)]
+        with open_dict(cfg):
+            OmegaConf.update(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm",
+                             {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
+                                                     "cudagraph_capture_sizes": sizes}}, merge=True)
+    return validate(cfg)
+
+
+# ------------------------------------------------------------------------------------- measuring
+class GpuMemorySampler:
+    """Max used memory per GPU (nvidia-smi), sampled in a thread; {} on machines without it."""
+
+    def __init__(self, period: float = 0.5) -> None:
+        self.period = period
+        self.peak: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> dict[int, float]:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        vals = {}
+        for line in out.stdout.strip().splitlines():
+            i, used = line.split(",")
+            vals[int(i)] = float(used) / 1024.0
+        return vals
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for i, v in self._sample().items():
+                    self.peak[i] = max(self.peak.get(i, 0.0), v)
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> "GpuMemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of intervals, clipped to [lo, hi]."""
+    total, end = 0.0, lo
+    for s, e in sorted((max(lo, s), min(hi, e)) for s, e in intervals):
+        if e <= s:
+            continue
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def timeline_metrics(run_dir: str) -> dict[str, float]:
+    from verl_async.utils.timeline import read_spans
+
+    spans = read_spans(os.path.join(run_dir, "timeline.jsonl"))
+    gen = [(s["start"], s["end"]) for s in spans if s["kind"] == "generate"]
+    train = [(s["start"], s["end"]) for s in spans if s["lane"].startswith("trainer") and s["kind"] in ("train", "logprob")]
+    wait = [(s["start"], s["end"]) for s in spans if s["lane"].startswith("trainer") and s["kind"] == "wait"]
+    sync = [(s["start"], s["end"]) for s in spans if s["kind"] == "sync"]
+    if not gen or not train:
+        raise RuntimeError(f"{run_dir}: no generate/train spans in timeline.jsonl")
+    lo = min(s for s, _ in gen)
+    hi = max(e for _, e in train)
+    wall = hi - lo
+    gen_busy, train_busy = union_length(gen, lo, hi), union_length(train, lo, hi)
+    tokens = sum(s["info"].get("tokens", 0) for s in spans if s["kind"] == "train" and s["lane"].startswith("trainer"))
+    return {
+        "wall_s": wall,
+        "gen_busy_s": gen_busy,
+        "train_busy_s": train_busy,
+        "sync_s": union_length(sync, lo, hi),
+        "trainer_wait_s": union_length(wait, lo, hi),
+        "trained_tokens": float(tokens),
+        "trained_tokens_per_s": tokens / wall,
+        "rollout_idle_ratio": 1.0 - gen_busy / wall,
+        "trainer_idle_ratio": 1.0 - train_busy / wall,
+        "pipeline_efficiency": max(gen_busy, train_busy) / wall,
+        "generated_tokens": float(sum(s["info"].get("tokens", 0) for s in spans if s["kind"] == "generate")),
+    }
+
+
+def tensorboard_means(run_dir: str, keys: tuple[str, ...]) -> dict[str, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(os.path.join(run_dir, "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    have = set(acc.Tags().get("scalars", []))
+    out = {}
+    for key in keys:
+        if key in have:
+            values = [e.value for e in acc.Scalars(key)]
+            out[key] = {"mean": sum(values) / len(values), "max": max(values), "count": len(values)}
+    return out
+
+
+def wait_for_free_gpus(limit_gib: float = 2.0, timeout: float = 60.0) -> None:
+    """After a run, until every GPU is (nearly) empty again: the next run's engines size themselves from free memory."""
+    sampler = GpuMemorySampler()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            used = sampler._sample()
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return
+        if not used or max(used.values()) < limit_gib:
+            return
+        time.sleep(1.0)
+    print(f"warning: GPUs still hold memory after {timeout:.0f}s: {used}", flush=True)
+
+
+# ------------------------------------------------------------------------------------- one run
+def run_one(name: str, args: argparse.Namespace, model: str, data: str) -> dict[str, Any]:
+    from verl_async.pipeline import run
+
+    run_dir = os.path.join(args.work_dir, name)
+    cfg = compose(overrides_for(name, args, model, data, run_dir), args.engine, args.device, args.max_num_seqs)
+    env_key = "VERL_ASYNC_COLOCATE_GPUS"
+    if name == "sync" and args.device == "cuda":
+        os.environ[env_key] = ",".join(str(i) for i in range(args.gpus))
+    t0 = time.perf_counter()
+    try:
+        with GpuMemorySampler() if args.device == "cuda" else contextlib.nullcontext() as mem:
+            summary = run(cfg)
+    finally:
+        os.environ.pop(env_key, None)
+    total = time.perf_counter() - t0
+    out: dict[str, Any] = {"config": name, "run_dir": run_dir, "total_s_with_startup": total}
+    out.update(timeline_metrics(run_dir))
+    tb = tensorboard_means(run_dir, ("timing_s/param_sync", "timing_s/sync_total", "perf/max_memory_allocated_gb",
+                                     "fully_async/staleness/mean", "fully_async/staleness/max",
+                                     "fully_async/partial_responses", "response_length/mean"))
+    out["tensorboard"] = tb
+    out["param_sync_s"] = tb.get("timing_s/param_sync", {}).get("mean", float("nan"))
+    out["trainer_peak_mem_gb"] = tb.get("perf/max_memory_allocated_gb", {}).get("max", float("nan"))
+    out["gpu_peak_mem_gb"] = max(mem.peak.values()) if args.device == "cuda" and mem.peak else float("nan")
+    out["gpu_peak_mem_by_gpu"] = dict(mem.peak) if args.device == "cuda" else {}
+    out["steps"] = summary.get("trainer/steps")
+    if name == "sync":
+        out["wall_minus_sync_s"] = out["wall_s"] - out["sync_s"]
+    return out
+
+
+def table(results: list[dict], base: Optional[dict]) -> str:
+    head = ("config", "wall_s", "tok/s", "speedup", "gen_idle", "train_idle", "pipe_eff", "param_sync_s",
+            "gpu_peak_GB", "stale_mean")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    ref = None
+    if base is not None:
+        ref = base["trained_tokens"] / max(base["wall_minus_sync_s"], 1e-9)
+    rows = []
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['config']} | failed: {r['error'][:80]} |")
+            continue
+        rows.append((r["config"], r["wall_s"], r["trained_tokens_per_s"], r))
+        if r["config"] == "sync":
+            rows.append(("sync-nosync", r["wall_minus_sync_s"], r["trained_tokens"] / max(r["wall_minus_sync_s"], 1e-9),
+                         r))
+    for name, wall, tps, r in rows:
+        speed = f"{tps / ref:.2f}x" if ref else "-"
+        stale = r["tensorboard"].get("fully_async/staleness/mean", {}).get("mean", float("nan"))
+        lines.append(f"| {name} | {wall:.1f} | {tps:.0f} | {speed} | {r['rollout_idle_ratio']:.2f} | "
+                     f"{r['trainer_idle_ratio']:.2f} | {r['pipeline_efficiency']:.2f} | {r['param_sync_s']:.3f} | "
+                     f"{r['gpu_peak_mem_gb']:.1f} | {stale:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--gpus", type=int, default=4, help="GPUs in total (split half/half for the async runs)")
+    p.add_argument("--engine", choices=("vllm", "native"), default="vllm")
+    p.add_argument("--tiny", action="store_true", help="tiny model and workload (CPU smoke check)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {CONFIGS}")
+    p.add_argument("--steps", type=int, default=None, help="trainer steps (default 8; tiny 2)")
+    p.add_argument("--prompts-per-step", type=int, default=None, help="ppo_mini_batch_size (default 16; tiny 2)")
+    p.add_argument("--n", type=int, default=None, help="responses per prompt (default 8; tiny 2)")
+    p.add_argument("--max-response-length", type=int, default=None, help="default 2048; tiny 24")
+    p.add_argument("--max-prompt-length", type=int, default=None, help="default 128; tiny 64")
+    p.add_argument("--length-mean", type=float, default=None, help="mean target response length (default 512; tiny 8)")
+    p.add_argument("--cv-between", type=float, default=0.8, help="CV of the per-prompt mean lengths")
+    p.add_argument("--cv-within", type=float, default=0.4, help="CV of the lengths within a prompt's group")
+    p.add_argument("--trigger", type=int, default=1, help="trigger_parameter_sync_step of the async runs")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="per replica (default 256; tiny 4)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-tokens-per-gpu", type=int, default=None, help="ppo_max_token_len_per_gpu (default 8192)")
+    p.add_argument("--gpu-memory", type=float, default=0.6, help="vLLM gpu_memory_utilization, split GPUs")
+    p.add_argument("--gpu-memory-sync", type=float, default=0.35, help="vLLM gpu_memory_utilization, colocated")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", default=None, help="run folders (default: <out dir>/bench_async_runs)")
+    p.add_argument("--out", default="bench/bench_async.json")
+    args = p.parse_args(argv)
+    tiny = args.tiny
+    defaults = dict(steps=(2, 8), prompts_per_step=(2, 16), n=(2, 8), max_response_length=(24, 2048),
+                    max_prompt_length=(64, 128), length_mean=(8, 512), max_num_seqs=(4, 256),
+                    max_tokens_per_gpu=(4096, 8192))
+    for key, (small, big) in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, small if tiny else big)
+    if args.device == "cpu":
+        args.engine = "native"
+    configs = [c for c in args.configs.split(",") if c]
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad:
+        p.error(f"unknown --configs {bad}; choose from {CONFIGS}")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(out_dir, exist_ok=True)
+    args.work_dir = args.work_dir or os.path.join(out_dir, "bench_async_runs")
+    os.makedirs(args.work_dir, exist_ok=True)
+    cache = os.environ.get("VERL_ASYNC_CACHE") or os.path.expanduser("~/.cache/verl_async")
+    model = build_model(os.path.join(cache, "bench_models", "tiny" if tiny else "qwen2.5-0.5b-shape"), tiny)
+    data = os.path.join(args.work_dir, "workload.parquet")
+    lengths = write_workload(data, args.steps * args.prompts_per_step, args.n, mean=args.length_mean,
+                             cv_between=args.cv_between, cv_within=args.cv_within, cap=args.max_response_length,
+                             seed=args.seed)
+    record: dict[str, Any] = {"args": vars(args), "workload": lengths, "device": _device_name(args.device),
+                              "results": []}
+    print(f"workload: {json.dumps(lengths)}", flush=True)
+    for name in configs:
+        print(f"=== {name} ===", flush=True)
+        try:
+            res = run_one(name, args, model, data)
+        except Exception as exc:  # noqa: BLE001 - one failed config must not lose the others
+            traceback.print_exc()
+            res = {"config": name, "error": f"{type(exc).__name__}: {exc}"}
+        record["results"].append(res)
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1, default=str)
+        if args.device == "cuda":
+            wait_for_free_gpus()
+    base = next((r for r in record["results"] if r["config"] == "sync" and "error" not in r), None)
+    text = table(record["results"], base)
+    record["table"] = text
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1, default=str)
+    print(text, flush=True)
+    return 0 if all("error" not in r for r in record["results"]) else 1
+
+
+def _device_name(device: str) -> str:
+    if device != "cuda":
+        return "cpu"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
+        names = out.stdout.strip().splitlines()
+        return f"{len(names)} x {names[0]}" if names else "cuda"
+    except (OSError, subprocess.SubprocessError):
+        return "cuda"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs ON the lent GPU machine, from the repo root (see scripts/device/run_all_gpu.sh).
+#   install_on_device.sh stash DIR...   copy carried vLLM parts (from .carry/p1, .carry/p2) into /root/.carry,
+#                                        which lives as long as the machine stays warm (30 s idle, 30 min held)
+#   install_on_device.sh base            Ray/Hydra/OmegaConf/tensordict from the carried .whl into /tmp/site
+#   install_on_device.sh vllm            check the parts' sha256 and unpack vLLM + its deps into /tmp/site
+# Then: export PYTHONPATH=/tmp/site:$PYTHONPATH. Every step is idempotent.
+set -euo pipefail
+CARRY=${CARRY_DIR:-/root/.carry}
+SITE=${SITE_DIR:-/tmp/site}
+cmd=${1:-}; shift || true
+case "$cmd" in
+  stash)
+    mkdir -p "$CARRY"
+    for d in "$@"; do
+      if [ -d "$d" ] && ls "$d"/vllm_site.tar.xz.part* >/dev/null 2>&1; then cp -f "$d"/* "$CARRY"/; fi
+    done
+    echo "stashed in $CARRY: $(cd "$CARRY" 2>/dev/null && ls vllm_site.tar.xz.part* 2>/dev/null | tr '\n' ' ')"
+    ;;
+  base)
+    [ -f .whl/install_on_device.sh ] || { echo "no .whl/ here: carry .whl (make it with /work/shared/device/make_device_wheels.sh)" >&2; exit 3; }
+    if [ -d "$SITE/ray" ] && [ -d "$SITE/hydra" ]; then echo "base packages already in $SITE"; exit 0; fi
+    bash .whl/install_on_device.sh
+    ;;
+  vllm)
+    if [ -f "$SITE/VERL_ASYNC_CARRY_MANIFEST" ]; then echo "vLLM already unpacked in $SITE"; exit 0; fi
+    [ -f "$CARRY/SHA256" ] || { echo "no vLLM parts in $CARRY: run the stash call (carry .carry/p1) and then at once the next one (carry .carry/p2): the machine forgets everything after 30 s idle" >&2; exit 3; }
+    want=$(cut -d' ' -f1 "$CARRY/SHA256")
+    got=$(cat "$CARRY"/vllm_site.tar.xz.part* | sha256sum | cut -d' ' -f1)
+    if [ "$want" != "$got" ]; then
+      echo "vLLM parts incomplete or damaged (have: $(cd "$CARRY" && ls vllm_site.tar.xz.part* | tr '\n' ' ')): carry .carry/p1 and .carry/p2 again" >&2
+      exit 3
+    fi
+    mkdir -p "$SITE"
+    cat "$CARRY"/vllm_site.tar.xz.part* | tar xJf - -C "$SITE"
+    echo "vLLM + deps unpacked into $SITE: $(head -1 "$SITE/VERL_ASYNC_CARRY_MANIFEST")"
+    ;;
+  *)
+    echo "usage: $0 stash DIR... | base | vllm" >&2; exit 2 ;;
+esac

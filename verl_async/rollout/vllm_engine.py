@@ -1,0 +1,328 @@
+"""The vLLM engine (`actor_rollout_ref.rollout.name=vllm`): vLLM v1 `AsyncLLM` behind InferenceEngine.
+
+One engine = one replica on `tensor_model_parallel_size` GPUs (the replica actor owns them;
+vLLM's EngineCore and its workers run in child processes). Importing this module does not
+import vLLM; constructing the engine does.
+
+Log-probs. vLLM runs with `logprobs_mode="processed_logprobs"` and every request asks for
+`logprobs=0` (the sampled token only): the value is `log_softmax(logits / T)` in float32,
+computed after temperature (greedy requests: T=1), which is our convention and what the
+trainer recomputes with the same `rollout.temperature` (the raw default would report T=1
+log-probs for a T!=1 sample: verl issue #6240). One difference, documented in RESULTS.md:
+with top-k / top-p active vLLM's processed log-probs are renormalised over the kept tokens
+(`log p - log(kept mass)`, >= our value); with top_k=-1 and top_p=1 (the RL default) they
+are identical. `processed_logprobs` also turns off FlashInfer sampling (PyTorch sampler).
+
+Partial rollout. `abort()` aborts in-flight requests; vLLM delivers a final output with
+finish_reason "abort" holding every token (and log-prob) sampled so far, returned after the
+request's prefix. A continued request sends prompt + prefix as the prompt and the remaining
+budget as `max_tokens`.
+
+Weights. `update_weights` (object-store transport) sends each bucket of host tensors to the
+workers through `collective_rpc`; the collective transports make every worker a sync-group
+member (`join_weight_sync` / `receive_weights`, see `vllm_worker.py`). Both load with the
+model's own `load_weights` (HF names; TP sharding and q/k/v, gate/up stacking are vLLM's).
+After a load, the prefix cache is reset when `free_cache_engine` is true (the default): KV
+computed by the old weights is never reused (fully async engines keep their KV memory; this
+is what the key means here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import time
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
+
+logger = logging.getLogger("verl_async.vllm")
+
+WORKER_EXTENSION = "verl_async.rollout.vllm_worker.WeightSyncWorkerExtension"
+_RATE_WINDOW_S = 5.0
+
+
+def engine_args_from_config(rollout_cfg: Mapping[str, Any], *, model_path: str, trust_remote_code: bool = False,
+                            override_config: Optional[Mapping[str, Any]] = None, **overrides: Any) -> dict[str, Any]:
+    """`AsyncEngineArgs` keyword arguments from the verl rollout keys (+ `engine_kwargs.vllm`, + overrides)."""
+    get = rollout_cfg.get
+    max_model_len = get("max_model_len")
+    if not max_model_len and get("prompt_length") and get("response_length"):
+        max_model_len = int(get("prompt_length")) + int(get("response_length"))
+    tp = int(get("tensor_model_parallel_size", 1) or 1)
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "skip_tokenizer_init": True,  # token ids in, token ids out; EOS comes as stop_token_ids
+        "generation_config": "vllm",  # never take sampling defaults from the checkpoint
+        "dtype": str(get("dtype", "bfloat16")),
+        "tensor_parallel_size": tp,
+        "distributed_executor_backend": "mp" if tp > 1 else "uni",
+        "gpu_memory_utilization": float(get("gpu_memory_utilization", 0.5)),
+        "max_num_seqs": int(get("max_num_seqs", 64)),
+        "max_num_batched_tokens": int(get("max_num_batched_tokens", 8192)),
+        "enable_chunked_prefill": bool(get("enable_chunked_prefill", True)),
+        "enable_prefix_caching": bool(get("enable_prefix_caching", True)),
+        "enforce_eager": bool(get("enforce_eager", False)),
+        "seed": int(get("seed", 0) or 0),
+        "load_format": str(get("load_format", "auto")),
+        "disable_log_stats": bool(get("disable_log_stats", True)),
+        "trust_remote_code": bool(trust_remote_code),
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": WORKER_EXTENSION,
+    }
+    if max_model_len:
+        kwargs["max_model_len"] = int(max_model_len)
+    if override_config:
+        kwargs["hf_overrides"] = dict(override_config)
+    vllm_kwargs = (get("engine_kwargs") or {}).get("vllm") or {}
+    kwargs.update({str(k): _plain(v) for k, v in vllm_kwargs.items()})
+    kwargs.update(overrides)
+    if kwargs.get("max_num_batched_tokens") and kwargs.get("max_model_len") and not kwargs["enable_chunked_prefill"]:
+        # without chunked prefill one step must hold a whole prompt
+        kwargs["max_num_batched_tokens"] = max(int(kwargs["max_num_batched_tokens"]), int(kwargs["max_model_len"]))
+    return kwargs
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (engine_kwargs.vllm from Hydra) as plain dicts/lists: vLLM validates with pydantic."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
+
+
+def vllm_sampling_kwargs(sampling: SamplingParams, remaining: int) -> dict[str, Any]:
+    """vLLM SamplingParams keywords for one request: `remaining` new tokens at most, log-prob of the sampled token."""
+    return {
+        "n": 1,
+        "temperature": float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "top_k": int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else 0,
+        "max_tokens": int(remaining),
+        "stop_token_ids": list(sampling.stop_token_ids),
+        "ignore_eos": bool(sampling.ignore_eos),
+        "seed": sampling.seed,
+        "logprobs": 0,
+        "flat_logprobs": True,
+        "detokenize": False,
+        "skip_special_tokens": False,
+    }
+
+
+def sampled_logprobs(logprobs: Any, token_ids: Sequence[int]) -> list[float]:
+    """The sampled token's log-prob per position, from vLLM's FlatLogprobs or list-of-dicts."""
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no log-probs (logprobs=0 was requested)")
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs
+        out = []
+        for pos, tok in enumerate(token_ids):
+            lo, hi = logprobs.start_indices[pos], logprobs.end_indices[pos]
+            ids = logprobs.token_ids[lo:hi]
+            out.append(float(logprobs.logprobs[lo + ids.index(tok)]))
+        return out
+    return [float(pos[tok].logprob) for pos, tok in zip(logprobs, token_ids)]
+
+
+class VLLMEngine(InferenceEngine):
+    """vLLM AsyncLLM as an InferenceEngine; see the module docstring."""
+
+    name = "vllm"
+
+    def __init__(self, engine_kwargs: Mapping[str, Any], *, free_cache_engine: bool = True, version: int = 0,
+                 sync_timeout_s: float = 600.0) -> None:
+        self.engine_kwargs = dict(engine_kwargs)
+        self.tensor_parallel_size = int(self.engine_kwargs.get("tensor_parallel_size", 1))
+        self.free_cache_engine = bool(free_cache_engine)
+        self.sync_timeout_s = float(sync_timeout_s)
+        self.llm: Any = None
+        self.max_model_len = 0
+        self._start_lock: Optional[asyncio.Lock] = None
+        self._version = int(version)
+        self._paused = False
+        self._active: dict[str, int] = {}  # request id -> tokens before this call (prefix)
+        self._generated = 0
+        self._events: collections.deque[tuple[float, int]] = collections.deque()
+
+    async def start(self) -> "VLLMEngine":
+        """Build vLLM's AsyncLLM inside the running event loop (its output handler and ZMQ sockets live there).
+
+        Called by the replica actor before it reports ready; every other async method calls it too.
+        """
+        if self.llm is not None:
+            return self
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self.llm is None:
+                os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA is live in this process
+                try:
+                    from vllm.engine.arg_utils import AsyncEngineArgs
+                    from vllm.v1.engine.async_llm import AsyncLLM
+                except ImportError as exc:
+                    raise ImportError(f"actor_rollout_ref.rollout.name=vllm needs vLLM (v1 AsyncLLM; tested with "
+                                      f"0.26.0; pip install 'verl_async[vllm]', or scripts/device/prepare_vllm.sh): "
+                                      f"{exc}") from exc
+                llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
+                self.max_model_len = int(llm.vllm_config.model_config.max_model_len)
+                self.llm = llm
+        return self
+
+    @classmethod
+    def from_config(cls, rollout_cfg: Mapping[str, Any], *, model_path: str, device: str = "cuda",
+                    trust_remote_code: bool = False, override_config: Optional[Mapping[str, Any]] = None,
+                    **overrides: Any) -> "VLLMEngine":
+        if not str(device).startswith("cuda"):
+            raise ValueError(f"actor_rollout_ref.rollout.name=vllm needs trainer.device=cuda, got device {device!r}")
+        kwargs = engine_args_from_config(rollout_cfg, model_path=model_path, trust_remote_code=trust_remote_code,
+                                         override_config=override_config, **overrides)
+        return cls(kwargs, free_cache_engine=bool(rollout_cfg.get("free_cache_engine", True)))
+
+    # ------------------------------------------------------------------ generation
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        await self.start()
+        sampling = request.sampling
+        prefix = list(request.prefix_token_ids)
+        done = self._finished_already(request)
+        if done is not None:
+            return self._result(request, [], [], done)
+        remaining = sampling.max_tokens - len(prefix)
+        prompt = list(request.prompt_ids) + prefix
+        if len(prompt) + 1 > self.max_model_len:
+            return self._result(request, [], [], "length", error=(
+                f"prompt + prefix = {len(prompt)} tokens leave no room in max_model_len={self.max_model_len}"))
+        remaining = min(remaining, self.max_model_len - len(prompt))
+        try:
+            sp = VSamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **vllm_sampling_kwargs(sampling, remaining))
+        except ValueError as exc:
+            return self._result(request, [], [], "abort", error=f"bad sampling parameters: {exc}")
+        version = self._version
+        self._active[request.request_id] = len(prefix)
+        final = None
+        try:
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt), sp, request.request_id):
+                final = out
+        except ValueError as exc:  # vLLM rejected the request; the engine keeps serving
+            return self._result(request, [], [], "abort", error=str(exc))
+        finally:
+            self._active.pop(request.request_id, None)
+        if final is None or not final.outputs:
+            return self._result(request, [], [], "abort")
+        comp = final.outputs[0]
+        tokens = list(comp.token_ids)
+        logps = sampled_logprobs(comp.logprobs, tokens) if tokens else []
+        reason = str(comp.finish_reason or "abort")
+        self._note_tokens(len(tokens))
+        return self._result(request, tokens, logps, reason if reason in ("stop", "length", "abort") else "stop",
+                            version=version)
+
+    def _finished_already(self, request: GenerateRequest) -> Optional[str]:
+        """A continued prefix that already ended (stop token or budget) needs no generation."""
+        prefix, sampling = request.prefix_token_ids, request.sampling
+        if not prefix:
+            return None
+        if prefix[-1] in set(sampling.stop_token_ids):  # like the native engine: stop ids apply even with ignore_eos
+            return "stop"
+        if len(prefix) >= sampling.max_tokens:
+            return "length"
+        return None
+
+    def _result(self, request: GenerateRequest, tokens: list[int], logps: list[float], reason: str, *,
+                version: Optional[int] = None, error: Optional[str] = None) -> GenerateResult:
+        v = self._version if version is None else version
+        return GenerateResult(
+            request_id=request.request_id,
+            token_ids=list(request.prefix_token_ids) + tokens,
+            log_probs=list(request.prefix_log_probs) + logps,
+            versions=list(request.prefix_versions) + [v] * len(tokens),
+            finish_reason=reason,
+            error=error,
+        )
+
+    def _note_tokens(self, n: int) -> None:
+        now = time.monotonic()
+        self._generated += n
+        self._events.append((now, n))
+        while self._events and now - self._events[0][0] > _RATE_WINDOW_S:
+            self._events.popleft()
+
+    async def abort(self, request_ids: Optional[Sequence[str]] = None) -> None:
+        ids = list(self._active) if request_ids is None else [r for r in request_ids if r in self._active]
+        if ids and self.llm is not None:
+            await self.llm.abort(ids)
+
+    async def pause(self) -> None:
+        await self.start()
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        self._paused = True
+
+    async def resume(self) -> None:
+        await self.start()
+        await self.llm.resume_generation()
+        self._paused = False
+
+    # ------------------------------------------------------------------ weights
+    async def _after_load(self, version: int) -> None:
+        if self.free_cache_engine:
+            await self.llm.reset_prefix_cache()
+        self._version = int(version)
+
+    async def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:
+        """Object-store path: each bucket (pairs or dict) goes to every worker via collective_rpc."""
+        from verl_async.rollout.native.weights import _as_bucket
+
+        await self.start()
+        for index, item in enumerate(named_tensors):
+            bucket = [(name, t.detach().cpu().contiguous()) for name, t in _as_bucket(item, index)]
+            await self.llm.collective_rpc("verl_async_load_bucket", timeout=self.sync_timeout_s, args=(bucket,))
+        await self._after_load(version)
+
+    async def weight_sync_ranks(self) -> int:
+        return self.tensor_parallel_size
+
+    async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                               timeout_s: float, name: str = "0") -> None:
+        await self.start()
+        await self.llm.collective_rpc("verl_async_join_weight_sync", timeout=timeout_s,
+                                      args=(host, port, rank, world_size, backend, timeout_s, name))
+
+    async def receive_weights(self, plan_wire: Sequence, version: int, *, double_buffer: bool = True,
+                              verify: bool = False) -> dict[str, Any]:
+        await self.start()
+        results = await self.llm.collective_rpc("verl_async_receive_weights", timeout=self.sync_timeout_s,
+                                                args=(plan_wire, double_buffer, verify))
+        await self._after_load(version)
+        first = results[0]
+        if verify:  # every TP worker received the same bytes
+            for other in results[1:]:
+                if other["checksums"] != first["checksums"]:
+                    bad = [k for k in first["checksums"] if other["checksums"].get(k) != first["checksums"][k]]
+                    raise RuntimeError(f"vLLM worker rank {other['rank']} received different bytes for {bad[:3]}")
+        return {"checksums": first["checksums"], "seconds": max(r["seconds"] for r in results)}
+
+    async def leave_weight_sync(self) -> None:
+        if self.llm is not None:
+            await self.llm.collective_rpc("verl_async_leave_weight_sync", timeout=60)
+
+    # ------------------------------------------------------------------ misc
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        recent = sum(n for t, n in self._events if now - t <= _RATE_WINDOW_S)
+        return EngineStats(running=len(self._active), waiting=0, tokens_per_s=recent / _RATE_WINDOW_S,
+                           generated_tokens=self._generated, version=self._version, paused=self._paused)
+
+    async def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
+
