@@ -145,8 +145,9 @@ def test_dead_engine_replica_stops_the_run_with_the_cause(ray_session, tmp_path,
         deadline = time.time() + 120
         while time.time() < deadline:
             names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("verl_async_replica")]
-            if names and os.path.exists(tmp_path / "run" / "trained_uids.jsonl"):
-                time.sleep(1.0)
+            log = tmp_path / "run" / "trained_uids.jsonl"
+            if names and log.exists() and log.read_text().strip():  # training is under way
+                time.sleep(0.5)
                 ray.kill(ray.get_actor(names[0]))
                 return
             time.sleep(0.2)
