@@ -131,7 +131,7 @@ def warm_start(model_dir: str, spec: TinySpec) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        loss_value = float(loss)
+        loss_value = float(loss.detach())
     model.save_pretrained(model_dir)
     logger.info("builtin warm-start: %d steps, final loss %.3f", spec.sft_steps, loss_value)
     return {"sft_steps": spec.sft_steps, "final_loss": loss_value}
