@@ -22,9 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
-import socket
-import time
 from datetime import timedelta
 from typing import Any, Iterator, Optional, Sequence
 
@@ -35,24 +32,26 @@ from tensordict import TensorDict
 
 from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
 from verl_async.trainer.attention import resolve_attn_implementation
-from verl_async.trainer.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
-from verl_async.trainer.loss import LossConfig, actor_loss
+from verl_async.trainer.checkpoint import COMPLETE_MARKER
+from verl_async.trainer.common import (
+    DTYPES,
+    METRIC_KEYS,
+    UpdateStats,
+    bucketize,
+    master_address,
+    rng_state,
+    set_rng_state,
+    sync_dtype,
+    write_hf_folder,
+)
+from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.lr_schedule import build_lr_scheduler
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.utils import device as device_layer
 
 logger = logging.getLogger(__name__)
 
-_METRIC_KEYS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
-                "actor/kl_loss", "actor/loss")
-_DTYPE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _decoder_layer_classes(model: torch.nn.Module) -> set[str]:
@@ -80,11 +79,7 @@ class FSDPWorker:
     # ------------------------------------------------------------------ setup
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 listens: loopback on one node, this node's address across nodes."""
-        if self.settings.nnodes == 1:
-            return "127.0.0.1", free_port()
-        import ray
-
-        return ray.util.get_node_ip_address(), free_port()
+        return master_address(self.settings.nnodes)
 
     def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
         s = self.settings
@@ -127,8 +122,8 @@ class FSDPWorker:
 
         if self.settings.device == "cpu":
             return MixedPrecisionPolicy()  # float32 throughout
-        return MixedPrecisionPolicy(param_dtype=_DTYPE[self.settings.param_dtype],
-                                    reduce_dtype=_DTYPE[self.settings.reduce_dtype])
+        return MixedPrecisionPolicy(param_dtype=DTYPES[self.settings.param_dtype],
+                                    reduce_dtype=DTYPES[self.settings.reduce_dtype])
 
     def _build_model(self, *, train: bool):
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -238,13 +233,6 @@ class FSDPWorker:
                 "entropy": (torch.cat(ents) if ents else empty) if calculate_entropy else None}
 
     # ------------------------------------------------------------------ update
-    def _loss_config(self) -> LossConfig:
-        s = self.settings
-        return LossConfig(loss_agg_mode=s.loss_agg_mode, clip_ratio_low=s.clip_ratio_low,
-                          clip_ratio_high=s.clip_ratio_high, clip_ratio_c=s.clip_ratio_c,
-                          entropy_coeff=s.entropy_coeff, use_kl_loss=s.use_kl_loss, kl_loss_coef=s.kl_loss_coef,
-                          kl_loss_type=s.kl_loss_type)
-
     def _all_reduce_sum(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64,
                          device="cpu" if self.settings.device == "cpu" else self.device.torch_device)
@@ -259,7 +247,7 @@ class FSDPWorker:
         [B,T] tensors named in `loss_keys`. Returns metrics (identical on all ranks).
         """
         s = self.settings
-        cfg = self._loss_config()
+        cfg = LossConfig.from_settings(s)
         horizon = max(s.response_length or 0, batch["responses"].shape[1])
         self._load_if_offloaded()
         if s.optimizer_offload and not s.offload_policy and s.device != "cpu":
@@ -272,85 +260,51 @@ class FSDPWorker:
         # Like verl: entropy only when it is in the loss (it costs extra passes over [tokens, vocab]); for
         # logging, compute_log_prob(calculate_entropy=True) gives it at no extra forward.
         want_entropy = s.entropy_coeff != 0
-        values: dict[str, list[float]] = {k: [] for k in _METRIC_KEYS}
-        grad_norms: list[float] = []
-        skipped = 0
-        errors: list[str] = []
-        t0 = time.perf_counter()
-        tokens = 0
+        stats = UpdateStats()
         for plan in plans:
-            local = {k: 0.0 for k in _METRIC_KEYS}
+            local = {k: 0.0 for k in METRIC_KEYS}
             bad = 0.0
             for rows in plan.micro[self.rank]:
                 inp = self._inputs(batch, rows)
-                tokens += inp.num_tokens if rows else 0
+                stats.tokens += inp.num_tokens if rows else 0
                 logp, ent, anchor = self._forward(self.model, inp, with_entropy=want_entropy)
                 loss = anchor
                 if rows:
                     data = {k: v.to(logp.device) for k, v in gather_rows(batch, rows, loss_keys).items()}
-                    valid = data["loss_mask"].bool()
-                    finite = torch.isfinite(logp) & (torch.isfinite(ent) if ent is not None else True)
-                    if not bool(finite[valid].all()):
+                    micro_loss, m, error = guarded_actor_loss(logp, ent, data, cfg, rows=rows,
+                                                              global_tokens=plan.num_tokens,
+                                                              global_seqs=plan.num_seqs, loss_scale_factor=horizon)
+                    if error is not None:
                         bad = 1.0
-                        errors.append(f"non-finite log-probs/entropy in rows {list(rows)[:8]}")
+                        stats.errors.append(error)
                     else:
-                        try:
-                            micro_loss, m = actor_loss(logp, ent, data, cfg, global_tokens=plan.num_tokens,
-                                                       global_seqs=plan.num_seqs, loss_scale_factor=horizon)
-                            loss = loss + micro_loss
-                            for k, v in m.items():
-                                local[k] += v
-                        except ValueError as exc:  # non-finite per-token loss: skip the step on all ranks
-                            bad = 1.0
-                            errors.append(str(exc))
+                        loss = loss + micro_loss
+                        for k, v in m.items():
+                            local[k] += v
                 # FSDP averages gradients over ranks; the shares are sums: undo the average.
                 (loss * self.world_size).backward()
-            reduced = self._all_reduce_sum([local[k] for k in _METRIC_KEYS] + [bad])
-            step_metrics = dict(zip(_METRIC_KEYS, reduced[:-1]))
+            reduced = self._all_reduce_sum([local[k] for k in METRIC_KEYS] + [bad])
+            step_metrics = dict(zip(METRIC_KEYS, reduced[:-1]))
             bad_any = reduced[-1] > 0 or not all(np.isfinite(v) for v in step_metrics.values())
             grad_norm = self._clip_grad_norm()
-            if bad_any or not np.isfinite(grad_norm):
+            skip = bad_any or not np.isfinite(grad_norm)
+            if skip:
                 self.optimizer.zero_grad(set_to_none=True)
-                skipped += 1
                 if self.rank == 0:
                     logger.warning("step %d: non-finite loss or grad norm (%s, grad_norm=%s): optimizer step "
-                                   "skipped (%d skipped so far)", self.global_step, errors[-1] if errors else
-                                   "loss overflow", grad_norm, self.skipped_steps + skipped)
+                                   "skipped (%d skipped so far)", self.global_step, stats.errors[-1] if stats.errors
+                                   else "loss overflow", grad_norm, self.skipped_steps + stats.skipped + 1)
             else:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-            grad_norms.append(grad_norm)
-            for k in _METRIC_KEYS:
-                if np.isfinite(step_metrics[k]):  # a skipped (overflowed) step would turn the mean into inf
-                    values[k].append(step_metrics[k])
+            stats.add_step(step_metrics, grad_norm, skip)
         self.lr_scheduler.step()
         self.global_step += 1
-        self.skipped_steps += skipped
+        self.skipped_steps += stats.skipped
         if s.optimizer_offload and not s.offload_policy and s.device != "cpu":
             self._move_optimizer("cpu")
         self._offload_if_asked()
-        metrics: dict[str, Any] = {k: float(np.mean(v)) if v else float("nan") for k, v in values.items()}
-        if not s.use_kl_loss:
-            metrics.pop("actor/kl_loss")
-        if not want_entropy:
-            metrics.pop("actor/entropy")
-        finite_norms = [g for g in grad_norms if np.isfinite(g)]
-        metrics.update({
-            "actor/grad_norm": float(np.mean(finite_norms)) if finite_norms else float("nan"),
-            "actor/lr": lr,
-            "actor/skipped_steps": float(skipped),
-            "actor/total_skipped_steps": float(self.skipped_steps),
-            "actor/optimizer_steps": float(len(plans) - skipped),
-            "actor/global_step": float(self.global_step),
-            "perf/forward_tokens_rank": float(tokens),
-            "perf/train_time_s": time.perf_counter() - t0,
-            "perf/max_memory_allocated_gb": device_layer.peak_memory_bytes(s.device) / 2**30,
-        })
-        if s.use_kl_loss:
-            metrics["actor/kl_coef"] = s.kl_loss_coef
-        if errors:
-            metrics["actor/skip_reasons"] = errors[:4]
-        return metrics
+        return stats.metrics(s, lr=lr, total_skipped=self.skipped_steps, global_step=self.global_step)
 
     def _clip_grad_norm(self) -> float:
         """Global grad norm over the sharded (DTensor) grads; clip when finite.
@@ -397,46 +351,17 @@ class FSDPWorker:
         """Buckets of (name, tensor) of at most `bucket_bytes` (a larger tensor travels alone); rank 0 yields."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, tensor in self.iter_full_params(_DTYPE[dtype] if dtype else self._sync_dtype()):
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            yield bucket
+        yield from bucketize(self.iter_full_params(self._sync_dtype(dtype)), bucket_bytes)
 
-    def _sync_dtype(self) -> torch.dtype:
-        return torch.float32 if self.settings.device == "cpu" else _DTYPE[self.settings.param_dtype]
+    def _sync_dtype(self, dtype: Optional[str] = None) -> torch.dtype:
+        return sync_dtype(self.settings.device, self.settings.param_dtype, dtype)
 
     def export_hf(self, path: str, dtype: Optional[str] = None) -> Optional[str]:
         """A plain HF folder (config, safetensors, tokenizer) that `from_pretrained` loads; rank 0 writes."""
-        from transformers import AutoModelForCausalLM
-
-        from verl_async.models import load_tokenizer
-
-        target = _DTYPE[dtype] if dtype else self._sync_dtype()
+        target = self._sync_dtype(dtype)
         state = dict(self.iter_full_params(target))
         if self.rank == 0:
-            config = self.model.config
-            with torch.device("meta"):
-                hf = AutoModelForCausalLM.from_config(config, dtype=target,
-                                                      trust_remote_code=self.settings.trust_remote_code)
-            missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
-            tied = set(getattr(hf, "_tied_weights_keys", None) or [])
-            missing = [k for k in missing if k not in tied]
-            if missing or unexpected:
-                raise RuntimeError(f"export_hf: state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
-            hf.tie_weights()
-            hf.config.use_cache = True
-            os.makedirs(path, exist_ok=True)
-            hf.save_pretrained(path)
-            tok = load_tokenizer(self.settings.model_path, trust_remote_code=self.settings.trust_remote_code,
-                                 custom_chat_template=self.settings.custom_chat_template)
-            tok.save_pretrained(path)
+            write_hf_folder(path, self.model.config, state, target, self.settings)
         if self.world_size > 1:
             dist.barrier()
         return path if self.rank == 0 else None
@@ -451,7 +376,7 @@ class FSDPWorker:
         os.makedirs(path, exist_ok=True)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
-        torch.save(_rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
+        torch.save(rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
         if self.rank == 0:
             torch.save({"lr_scheduler": self.lr_scheduler.state_dict(), "global_step": self.global_step,
                         "skipped_steps": self.skipped_steps, "extra": extra or {}},
@@ -486,7 +411,7 @@ class FSDPWorker:
         self.skipped_steps = int(trainer_state["skipped_steps"])
         rng_file = os.path.join(path, f"rng_rank{self.rank}.pt")
         if os.path.exists(rng_file):
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(torch.load(rng_file, weights_only=False))
         if self.world_size > 1:
             dist.barrier()
         self._offload_if_asked()
@@ -496,17 +421,3 @@ class FSDPWorker:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])

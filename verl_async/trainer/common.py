@@ -1,0 +1,151 @@
+"""What every trainer backend's rank does the same way (FSDP2 and Megatron share it).
+
+Rendezvous address, RNG state for checkpoints, the update's metric bookkeeping
+(which steps were skipped and why, exact mini-batch means), weight buckets for
+parameter sync, and the HF folder that `export_hf` writes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from typing import Any, Iterable, Iterator, Optional
+
+import numpy as np
+import torch
+
+from verl_async.utils import device as device_layer
+
+METRIC_KEYS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
+               "actor/kl_loss", "actor/loss")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def master_address(nnodes: int) -> tuple[str, int]:
+    """Where rank 0 listens: loopback on one node, this node's address across nodes."""
+    if nnodes == 1:
+        return "127.0.0.1", free_port()
+    import ray
+
+    return ray.util.get_node_ip_address(), free_port()
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def bucketize(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Lists of (name, tensor) of at most `bucket_bytes` each (a larger tensor travels alone)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+class UpdateStats:
+    """One `update()` call's bookkeeping: per-optimizer-step loss metrics, grad norms, skipped steps.
+
+    Loss-type metrics arrive per step as exact mini-batch values (shares summed over
+    micro-batches and ranks); the result averages the finite ones over the steps.
+    """
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {k: [] for k in METRIC_KEYS}
+        self.grad_norms: list[float] = []
+        self.skipped = 0
+        self.steps = 0
+        self.errors: list[str] = []
+        self.tokens = 0
+        self.t0 = time.perf_counter()
+
+    def add_step(self, step_metrics: dict[str, float], grad_norm: float, skipped: bool) -> None:
+        self.steps += 1
+        self.skipped += int(skipped)
+        self.grad_norms.append(grad_norm)
+        for k in METRIC_KEYS:
+            if np.isfinite(step_metrics[k]):  # a skipped (overflowed) step would turn the mean into inf
+                self.values[k].append(step_metrics[k])
+
+    def metrics(self, settings: Any, *, lr: float, total_skipped: int, global_step: int) -> dict[str, Any]:
+        s = settings
+        out: dict[str, Any] = {k: float(np.mean(v)) if v else float("nan") for k, v in self.values.items()}
+        if not s.use_kl_loss:
+            out.pop("actor/kl_loss")
+        if s.entropy_coeff == 0:
+            out.pop("actor/entropy")
+        finite_norms = [g for g in self.grad_norms if np.isfinite(g)]
+        out.update({
+            "actor/grad_norm": float(np.mean(finite_norms)) if finite_norms else float("nan"),
+            "actor/lr": lr,
+            "actor/skipped_steps": float(self.skipped),
+            "actor/total_skipped_steps": float(total_skipped),
+            "actor/optimizer_steps": float(self.steps - self.skipped),
+            "actor/global_step": float(global_step),
+            "perf/forward_tokens_rank": float(self.tokens),
+            "perf/train_time_s": time.perf_counter() - self.t0,
+            "perf/max_memory_allocated_gb": device_layer.peak_memory_bytes(s.device) / 2**30,
+        })
+        if s.use_kl_loss:
+            out["actor/kl_coef"] = s.kl_loss_coef
+        if self.errors:
+            out["actor/skip_reasons"] = self.errors[:4]
+        return out
+
+
+def write_hf_folder(path: str, hf_config: Any, state: dict[str, torch.Tensor], dtype: torch.dtype,
+                    settings: Any) -> str:
+    """`save_pretrained` folder (config, safetensors, tokenizer) from full HF-named tensors."""
+    from transformers import AutoModelForCausalLM
+
+    from verl_async.models import load_tokenizer
+
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=settings.trust_remote_code)
+    missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
+    tied = set(getattr(hf, "_tied_weights_keys", None) or [])
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise RuntimeError(f"export_hf: state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    hf.tie_weights()
+    hf.config.use_cache = True
+    os.makedirs(path, exist_ok=True)
+    hf.save_pretrained(path)
+    tok = load_tokenizer(settings.model_path, trust_remote_code=settings.trust_remote_code,
+                         custom_chat_template=settings.custom_chat_template)
+    tok.save_pretrained(path)
+    return path
+
+
+def sync_dtype(device: str, compute_dtype: str, dtype: Optional[str] = None) -> torch.dtype:
+    """dtype of synced / exported weights: asked for, else float32 on CPU and the compute dtype elsewhere."""
+    if dtype:
+        return DTYPES[dtype]
+    return torch.float32 if device == "cpu" else DTYPES[compute_dtype]
