@@ -192,4 +192,5 @@ def iter_hf_weights(model: torch.nn.Module, spec: ModelSpec, layout: Layout, *, 
                     dist.recv(t, src=src)
             if rank == 0:
                 for name, t in zip(pm.hf, hf):
-                    yield name, t.cpu()
+                    # always a copy: on CPU a replicated tensor would otherwise alias the live (offloadable) parameter
+                    yield name, t.detach().to("cpu", copy=True)

@@ -124,6 +124,18 @@ class MegatronSettings:
             lr_wsd_decay_steps=g(f"{_A}.optim.lr_wsd_decay_steps", None),
         )
 
+    def layout(self, dp_size: int) -> dict[str, Any]:
+        """What a checkpoint's shards depend on (written to meta.json; loading needs the same)."""
+        return {"tensor_model_parallel_size": self.tp, "pipeline_model_parallel_size": self.pp,
+                "data_parallel_size": dp_size, "use_distributed_optimizer": self.use_distributed_optimizer}
+
+    def check_checkpoint(self, path: str, meta: Mapping[str, Any], dp_size: int) -> None:
+        if meta.get("backend") != "megatron" or meta.get("layout") != self.layout(dp_size):
+            raise ValueError(f"checkpoint {path!r} was written by backend {meta.get('backend', 'fsdp')} with layout "
+                             f"{meta.get('layout')}; this run is megatron {self.layout(dp_size)}. Resume with the "
+                             f"same layout, or export_hf() it and start from that HF folder "
+                             f"(actor_rollout_ref.model.path)")
+
     def scheduler_steps(self, trainer: TrainerSettings) -> tuple[int, int]:
         """(warmup steps, decay steps) of Megatron's OptimizerParamScheduler, counted in trainer steps.
 

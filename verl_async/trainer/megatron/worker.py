@@ -203,12 +203,8 @@ class MegatronWorker:
     def _ddp_buffers(self) -> list:
         return list(self.model.buffers) + list(getattr(self.model, "expert_parallel_buffers", []) or [])
 
-    def _offloading(self) -> bool:
-        return self.settings.device != "cpu"
-
     def _offload_if_asked(self) -> None:
-        if not self._offloading():
-            return
+        # Also on CPU (a host-to-host copy there): the CPU tests exercise the same code path.
         ms = self.ms
         if ms.param_offload:
             self._offload_storage("actor", self._param_storages(ref=False), keep=True)
@@ -235,7 +231,7 @@ class MegatronWorker:
             nbytes = t.untyped_storage().size()
             if nbytes == 0:
                 continue
-            saved.append((t, t.detach().to("cpu") if keep else None, nbytes))
+            saved.append((t, t.detach().to("cpu", copy=True) if keep else None, nbytes))
             t.untyped_storage().resize_(0)
 
     def _restore_storage(self, what: str) -> None:
@@ -248,8 +244,6 @@ class MegatronWorker:
 
     def _load_if_offloaded(self, *, model: bool = True, grads: bool = False, optimizer: bool = False,
                            ref: bool = False) -> None:
-        if not self._offloading():
-            return
         if model:
             self._restore_storage("actor")
         if ref:
@@ -477,10 +471,6 @@ class MegatronWorker:
         return path if self.rank == 0 else None
 
     # ------------------------------------------------------------------ checkpoints
-    def _layout_meta(self) -> dict[str, Any]:
-        return {"tensor_model_parallel_size": self.ms.tp, "pipeline_model_parallel_size": self.ms.pp,
-                "data_parallel_size": self.dp_size, "use_distributed_optimizer": self.ms.use_distributed_optimizer}
-
     def _optimizer_state(self) -> list[dict]:
         """Each sub-optimizer's torch state and its (fp32 main) parameters: this rank's shard only."""
         out = []
@@ -526,7 +516,7 @@ class MegatronWorker:
                 with open(os.path.join(path, COMPLETE_MARKER), "w") as f:
                     json.dump({"global_step": self.global_step, "world_size": self.world_size,
                                "model_path": self.settings.model_path, "backend": "megatron",
-                               "layout": self._layout_meta()}, f)
+                               "layout": self.ms.layout(self.dp_size)}, f)
             self._offload_if_asked()
 
     def load(self, path: str) -> dict:
@@ -537,11 +527,7 @@ class MegatronWorker:
             raise FileNotFoundError(f"no trainer checkpoint at {path!r} (missing trainer_state.pt / {COMPLETE_MARKER})")
         with open(meta_file) as f:
             meta = json.load(f)
-        if meta.get("backend") != "megatron" or meta.get("layout") != self._layout_meta():
-            raise ValueError(f"checkpoint {path!r} was written by backend {meta.get('backend', 'fsdp')} with layout "
-                             f"{meta.get('layout')}; this run is megatron {self._layout_meta()}. Resume with the "
-                             f"same layout, or export_hf() it and start from that HF folder "
-                             f"(actor_rollout_ref.model.path)")
+        self.ms.check_checkpoint(path, meta, self.dp_size)
         with self._mode():
             self._load_if_offloaded(model=True, optimizer=True)
             folder = os.path.join(path, "megatron")
@@ -551,6 +537,7 @@ class MegatronWorker:
             self._load_optimizer_state(torch.load(os.path.join(folder, f"optimizer_rank{self.rank}.pt"),
                                                   map_location="cpu", weights_only=False))
             trainer_state = torch.load(state_file, weights_only=False)
+            self.scheduler.num_steps = 0  # megatron's load_state_dict adds the saved steps to the current ones
             self.scheduler.load_state_dict(trainer_state["scheduler"])
             self.global_step = int(trainer_state["global_step"])
             self.skipped_steps = int(trainer_state["skipped_steps"])

@@ -12,8 +12,11 @@ unknown `override_transformer_config.*` key fails at once with its name.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Optional
 
+from verl_async.trainer.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.megatron.settings import MegatronSettings
 from verl_async.trainer.megatron.worker import MegatronWorker
 from verl_async.trainer.worker_group import RayWorkerGroup
@@ -39,6 +42,15 @@ class MegatronWorkerGroup(RayWorkerGroup):
         transformer_overrides(self.megatron.override_transformer_config, mmodel.transformer_config_fields(),
                               everything)
         optimizer_overrides(self.megatron.override_optimizer_config, mmodel.optimizer_config_fields(), everything)
+
+    def load(self, path: str) -> dict:
+        """Restore a checkpoint of the same layout; another layout fails here, before any rank reads it."""
+        meta_file = os.path.join(path, COMPLETE_MARKER)
+        if not os.path.exists(meta_file):
+            raise FileNotFoundError(f"no trainer checkpoint at {path!r} (missing {COMPLETE_MARKER})")
+        with open(meta_file) as f:
+            self.megatron.check_checkpoint(path, json.load(f), self.dp_size)
+        return super().load(path)
 
     @property
     def notes(self) -> list[str]:
