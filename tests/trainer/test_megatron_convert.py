@@ -207,7 +207,7 @@ def test_reference_fusions_on_a_plain_cuda_machine_turn_off_with_a_note():
     assert kwargs == {"bias_activation_fusion": True, "bias_dropout_fusion": True,
                       "deallocate_pipeline_outputs": True}
     assert len(notes) == 5
-    assert any(n.startswith(f"{TC_KEY}.apply_rope_fusion=True turned off: Transformer Engine") for n in notes)
+    assert any(n.startswith(f"{TC_KEY}.apply_rope_fusion=True turned off: no Transformer Engine") for n in notes)
     assert any("use_flash_attn" in n and "DotProductAttention" in n for n in notes)
 
 

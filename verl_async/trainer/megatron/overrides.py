@@ -107,19 +107,19 @@ Requirement = tuple[Callable[[Platform], bool], str, str]
 _TC_REQUIRES: dict[str, Requirement] = {
     "apply_rope_fusion": (lambda p: p.rope_fusion, "Transformer Engine's fused RoPE kernel",
                           "RoPE is applied by the unfused PyTorch code"),
-    "masked_softmax_fusion": (lambda p: p.fused_softmax, "the scaled_masked_softmax_cuda kernels (apex / megatron "
+    "masked_softmax_fusion": (lambda p: p.fused_softmax, "scaled_masked_softmax_cuda kernels (apex / megatron "
                               "fused kernels)", "attention softmax runs in PyTorch (fp32)"),
     "gradient_accumulation_fusion": (lambda p: p.grad_accum_fusion, "fused_weight_gradient_mlp_cuda (apex) or "
                                      "Transformer Engine", "weight gradients use a plain matmul"),
     "persist_layer_norm": (lambda p: p.apex, "apex's persistent LayerNorm kernel",
                            "the PyTorch norm runs (this model uses RMSNorm either way)"),
-    "use_flash_attn": (lambda p: False, "a use_flash_attn field (MindSpeed adds it on Ascend; megatron-core's own "
-                       "flash attention needs Transformer Engine)", "megatron-core's local DotProductAttention runs"),
+    "use_flash_attn": (lambda p: False, "use_flash_attn field in megatron-core's TransformerConfig (MindSpeed adds it "
+                       "on Ascend; megatron-core's own flash attention needs Transformer Engine)", "megatron-core's local DotProductAttention runs"),
 }
 _OPT_REQUIRES: dict[str, Requirement] = {
     "use_precision_aware_optimizer": (lambda p: p.transformer_engine, "Transformer Engine's FusedAdam",
                                       "the fp32 main-parameter optimizer runs"),
-    "optimizer_cpu_offload": (lambda p: p.fused_adam, "a FusedAdam (Transformer Engine or apex) for the device "
+    "optimizer_cpu_offload": (lambda p: p.fused_adam, "FusedAdam (Transformer Engine or apex) for the device "
                               "part of megatron's HybridDeviceOptimizer",
                               "the optimizer stays on the device; actor_rollout_ref.actor.megatron."
                               "optimizer_offload=True moves its state to the host between updates instead"),
@@ -153,7 +153,7 @@ def _apply(overrides: Mapping[str, Any], *, prefix: str, fields: set[str], owned
         if key in requires and value:
             ok, missing, instead = requires[key]
             if not ok(platform):
-                notes.append(f"{prefix}.{key}=True turned off: {missing} is not available on this "
+                notes.append(f"{prefix}.{key}=True turned off: no {missing} on this "
                              f"{platform.device} machine; {instead}")
                 continue
         if key in fields:
