@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from verl_async.utils import device as device_layer
 
@@ -149,3 +150,52 @@ def sync_dtype(device: str, compute_dtype: str, dtype: Optional[str] = None) -> 
     if dtype:
         return DTYPES[dtype]
     return torch.float32 if device == "cpu" else DTYPES[compute_dtype]
+
+
+class RankBase:
+    """What an FSDP rank and a Megatron rank do alike. A subclass sets `settings`, `rank`,
+    `world_size`, `device`, `optimizer`, and provides `iter_full_params(dtype)` (collective,
+    rank 0 yields HF names), `hf_config` and `compute_dtype` (the dtype name on accelerators).
+    """
+
+    settings: Any
+    rank: int
+    world_size: int
+    device: Any
+    optimizer: Any
+    compute_dtype: str
+
+    def master_address(self) -> tuple[str, int]:
+        return master_address(self.settings.nnodes)
+
+    def set_options(self, overrides: dict[str, Any]) -> None:
+        self.settings = self.settings.with_overrides(overrides)
+
+    def state(self) -> dict[str, Any]:
+        return {"global_step": self.global_step, "skipped_steps": self.skipped_steps,
+                "lr": float(self.optimizer.param_groups[0]["lr"])}
+
+    def _all_reduce_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device.torch_device)
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.cpu().tolist()
+
+    def _sync_dtype(self, dtype: Optional[str] = None) -> torch.dtype:
+        return sync_dtype(self.settings.device, self.compute_dtype, dtype)
+
+    def weight_buckets(self, bucket_bytes: int, dtype: Optional[str] = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Buckets of (HF name, tensor) of at most `bucket_bytes` (a larger tensor travels alone); rank 0 yields."""
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        yield from bucketize(self.iter_full_params(self._sync_dtype(dtype)), bucket_bytes)
+
+    def export_hf(self, path: str, dtype: Optional[str] = None) -> Optional[str]:
+        """A plain HF folder (config, safetensors, tokenizer) that `from_pretrained` loads; rank 0 writes."""
+        target = self._sync_dtype(dtype)
+        state = dict(self.iter_full_params(target))
+        if self.rank == 0:
+            write_hf_folder(path, self.hf_config, state, target, self.settings)
+        if self.world_size > 1:
+            dist.barrier()
+        return path if self.rank == 0 else None

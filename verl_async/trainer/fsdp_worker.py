@@ -37,13 +37,10 @@ from verl_async.trainer.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.common import (
     DTYPES,
     METRIC_KEYS,
+    RankBase,
     UpdateStats,
-    bucketize,
-    master_address,
     rng_state,
     set_rng_state,
-    sync_dtype,
-    write_hf_folder,
 )
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.lr_schedule import build_lr_scheduler
@@ -62,7 +59,7 @@ def _decoder_layer_classes(model: torch.nn.Module) -> set[str]:
     return names
 
 
-class FSDPWorker:
+class FSDPWorker(RankBase):
     """One rank. Call order: `master_address()` (rank 0) -> `init(addr, port)` on all ranks -> work."""
 
     def __init__(self, config: dict, rank: int, world_size: int):
@@ -75,12 +72,9 @@ class FSDPWorker:
         self.ref_model: Any = None
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.lr_scheduler: Any = None
+        self.compute_dtype = self.settings.param_dtype
 
     # ------------------------------------------------------------------ setup
-    def master_address(self) -> tuple[str, int]:
-        """Where rank 0 listens: loopback on one node, this node's address across nodes."""
-        return master_address(self.settings.nnodes)
-
     def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
         s = self.settings
         self.device = device_layer.resolve(s.device)
@@ -172,14 +166,6 @@ class FSDPWorker:
                 if isinstance(value, torch.Tensor):
                     state[key] = value.to(where, non_blocking=True)
 
-    # ------------------------------------------------------------------ runtime knobs
-    def set_options(self, overrides: dict[str, Any]) -> None:
-        self.settings = self.settings.with_overrides(overrides)
-
-    def state(self) -> dict[str, Any]:
-        return {"global_step": self.global_step, "skipped_steps": self.skipped_steps,
-                "lr": float(self.optimizer.param_groups[0]["lr"])}
-
     # ------------------------------------------------------------------ forward
     def _forward(self, model, inp: ModelInputs, *, with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
         """(logp [b,T], entropy [b,T] or None, anchor): anchor is a zero that touches the whole graph."""
@@ -233,13 +219,6 @@ class FSDPWorker:
                 "entropy": (torch.cat(ents) if ents else empty) if calculate_entropy else None}
 
     # ------------------------------------------------------------------ update
-    def _all_reduce_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64,
-                         device="cpu" if self.settings.device == "cpu" else self.device.torch_device)
-        if self.world_size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t.cpu().tolist()
-
     def update(self, batch: TensorDict, plans: list[MiniBatchPlan], loss_keys: list[str]) -> dict[str, Any]:
         """One training step: every mini-batch of `plans` is one optimizer step (PPO epochs included).
 
@@ -347,24 +326,9 @@ class FSDPWorker:
         finally:
             self._offload_if_asked()
 
-    def weight_buckets(self, bucket_bytes: int, dtype: Optional[str] = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Buckets of (name, tensor) of at most `bucket_bytes` (a larger tensor travels alone); rank 0 yields."""
-        if bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-        yield from bucketize(self.iter_full_params(self._sync_dtype(dtype)), bucket_bytes)
-
-    def _sync_dtype(self, dtype: Optional[str] = None) -> torch.dtype:
-        return sync_dtype(self.settings.device, self.settings.param_dtype, dtype)
-
-    def export_hf(self, path: str, dtype: Optional[str] = None) -> Optional[str]:
-        """A plain HF folder (config, safetensors, tokenizer) that `from_pretrained` loads; rank 0 writes."""
-        target = self._sync_dtype(dtype)
-        state = dict(self.iter_full_params(target))
-        if self.rank == 0:
-            write_hf_folder(path, self.model.config, state, target, self.settings)
-        if self.world_size > 1:
-            dist.barrier()
-        return path if self.rank == 0 else None
+    @property
+    def hf_config(self) -> Any:
+        return self.model.config
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str, extra: Optional[dict] = None) -> None:

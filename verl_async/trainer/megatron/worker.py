@@ -43,13 +43,10 @@ from verl_async.trainer.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.common import (
     DTYPES,
     METRIC_KEYS,
+    RankBase,
     UpdateStats,
-    bucketize,
-    master_address,
     rng_state,
     set_rng_state,
-    sync_dtype,
-    write_hf_folder,
 )
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.megatron import device_shim
@@ -61,7 +58,7 @@ from verl_async.utils import device as device_layer
 logger = logging.getLogger(__name__)
 
 
-class MegatronWorker:
+class MegatronWorker(RankBase):
     """One rank. Call order: `master_address()` (rank 0) -> `init(addr, port)` on all ranks -> work."""
 
     def __init__(self, config: dict, rank: int, world_size: int):
@@ -76,15 +73,13 @@ class MegatronWorker:
         self.optimizer: Any = None
         self.scheduler: Any = None
         self.notes: list[str] = []
+        self.compute_dtype = self.ms.dtype
         self._host_params: dict[str, list] = {}  # offloaded storages: (tensor, host copy, bytes)
 
     def _mode(self):
         return device_shim.device_mode(self.settings.device)
 
     # ------------------------------------------------------------------ setup
-    def master_address(self) -> tuple[str, int]:
-        return master_address(self.settings.nnodes)
-
     def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
         s, ms = self.settings, self.ms
         device_shim.prepare(s.device)
@@ -268,14 +263,6 @@ class MegatronWorker:
                     if isinstance(value, torch.Tensor):
                         state[key] = value.to(where, non_blocking=True)
 
-    # ------------------------------------------------------------------ runtime knobs
-    def set_options(self, overrides: dict[str, Any]) -> None:
-        self.settings = self.settings.with_overrides(overrides)
-
-    def state(self) -> dict[str, Any]:
-        return {"global_step": self.global_step, "skipped_steps": self.skipped_steps,
-                "lr": float(self.optimizer.param_groups[0]["lr"])}
-
     # ------------------------------------------------------------------ forward
     def _inputs(self, batch: TensorDict, rows: Sequence[int]) -> ModelInputs:
         multiple = self.ms.tp if self.sequence_parallel else 1
@@ -361,12 +348,6 @@ class MegatronWorker:
                 "entropy": (torch.cat(ents) if ents else empty) if calculate_entropy else None}
 
     # ------------------------------------------------------------------ update
-    def _all_reduce_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.device.torch_device)
-        if self.world_size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t.cpu().tolist()
-
     def _grads_finite(self) -> bool:
         return all(bool(torch.isfinite(buf.grad_data).all()) for buf in self._ddp_buffers()
                    if buf.grad_data is not None and buf.grad_data.numel())
@@ -439,9 +420,6 @@ class MegatronWorker:
         return stats.metrics(s, lr=lr, total_skipped=self.skipped_steps, global_step=self.global_step)
 
     # ------------------------------------------------------------------ weight sync / export
-    def _sync_dtype(self, dtype: Optional[str] = None) -> torch.dtype:
-        return sync_dtype(self.settings.device, self.ms.dtype, dtype)
-
     def iter_full_params(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full CPU tensor) on rank 0; every rank must iterate (gathers over TP, sends over PP)."""
         from verl_async.trainer.megatron.model import iter_hf_weights
@@ -453,22 +431,6 @@ class MegatronWorker:
                                            dtype=dtype or self._sync_dtype(), comm_device=self.device.torch_device)
             finally:
                 self._offload_if_asked()
-
-    def weight_buckets(self, bucket_bytes: int, dtype: Optional[str] = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Buckets of (HF name, tensor) of at most `bucket_bytes`; rank 0 yields, the others only take part."""
-        if bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-        yield from bucketize(self.iter_full_params(self._sync_dtype(dtype)), bucket_bytes)
-
-    def export_hf(self, path: str, dtype: Optional[str] = None) -> Optional[str]:
-        """A plain HF folder (config, safetensors, tokenizer) that `from_pretrained` loads; rank 0 writes."""
-        target = self._sync_dtype(dtype)
-        state = dict(self.iter_full_params(target))
-        if self.rank == 0:
-            write_hf_folder(path, self.hf_config, state, target, self.settings)
-        if self.world_size > 1:
-            dist.barrier()
-        return path if self.rank == 0 else None
 
     # ------------------------------------------------------------------ checkpoints
     def _optimizer_state(self) -> list[dict]:
