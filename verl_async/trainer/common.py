@@ -7,10 +7,12 @@ parameter sync, and the HF folder that `export_hf` writes.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
 import time
+from datetime import timedelta
 from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
@@ -69,6 +71,33 @@ def bucketize(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> I
         size += nbytes
     if bucket:
         yield bucket
+
+
+class LogProbRows:
+    """Rows and their log-probs (and entropy) over a call's micro-batches, in `compute_log_prob`'s result form."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.logps: list[torch.Tensor] = []
+        self.ents: list[torch.Tensor] = []
+
+    def add(self, rows: Iterable[int], logp: torch.Tensor, ent: Optional[torch.Tensor]) -> None:
+        rows = list(rows)
+        if rows:  # an empty micro-batch is a dummy that kept this rank in step
+            self.rows.extend(rows)
+            self.logps.append(logp.float().cpu())
+            if ent is not None:
+                self.ents.append(ent.float().cpu())
+
+    def result(self, width: int, calculate_entropy: bool) -> dict[str, Any]:
+        empty = torch.zeros(0, width)
+        return {"rows": self.rows, "log_probs": torch.cat(self.logps) if self.logps else empty,
+                "entropy": (torch.cat(self.ents) if self.ents else empty) if calculate_entropy else None}
+
+
+def no_reference_model() -> RuntimeError:
+    return RuntimeError("compute_ref_log_prob: no reference model (actor.use_kl_loss and "
+                        "algorithm.use_kl_in_reward are both false)")
 
 
 class UpdateStats:
@@ -167,6 +196,54 @@ class RankBase:
 
     def master_address(self) -> tuple[str, int]:
         return master_address(self.settings.nnodes)
+
+    def _init_distributed(self, master_addr: str, master_port: int) -> None:
+        """This rank's device and the default process group (nccl / hccl / gloo)."""
+        s = self.settings
+        self.device = device_layer.resolve(s.device)
+        self.device.set_current()
+        if s.device == "cpu":
+            torch.set_num_threads(int(os.environ.get("VERL_ASYNC_WORKER_THREADS", "1")))
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size))
+        if not dist.is_initialized():
+            dist.init_process_group(backend=self.device.dist_backend, rank=self.rank, world_size=self.world_size,
+                                    init_method=f"tcp://{master_addr}:{master_port}",
+                                    timeout=timedelta(seconds=max(60.0, s.worker_timeout_s)))
+
+    def _save_trainer_state(self, path: str, scheduler_state: dict, extra: Optional[dict],
+                            meta: Optional[dict] = None) -> None:
+        """RNG (every rank), scheduler / step / `extra` (rank 0), then the completion marker, written last."""
+        from verl_async.trainer.checkpoint import COMPLETE_MARKER
+
+        torch.save(rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
+        if self.rank == 0:
+            torch.save({"lr_scheduler": scheduler_state, "global_step": self.global_step,
+                        "skipped_steps": self.skipped_steps, "extra": extra or {}},
+                       os.path.join(path, "trainer_state.pt"))
+        if self.world_size > 1:
+            dist.barrier()
+        if self.rank == 0:
+            with open(os.path.join(path, COMPLETE_MARKER), "w") as f:
+                json.dump({"global_step": self.global_step, "world_size": self.world_size,
+                           "model_path": self.settings.model_path, **(meta or {})}, f)
+
+    @staticmethod
+    def _trainer_state_file(path: str) -> str:
+        state_file = os.path.join(path, "trainer_state.pt")
+        if not os.path.exists(state_file):
+            raise FileNotFoundError(f"no trainer checkpoint at {path!r} (missing trainer_state.pt)")
+        return state_file
+
+    def _load_trainer_state(self, path: str) -> dict:
+        """Step counters and this rank's RNG back; returns the saved dict (`lr_scheduler`, `extra`)."""
+        state = torch.load(self._trainer_state_file(path), weights_only=False)
+        self.global_step = int(state["global_step"])
+        self.skipped_steps = int(state["skipped_steps"])
+        rng_file = os.path.join(path, f"rng_rank{self.rank}.pt")
+        if os.path.exists(rng_file):
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        return state
 
     def set_options(self, overrides: dict[str, Any]) -> None:
         self.settings = self.settings.with_overrides(overrides)

@@ -19,10 +19,8 @@ slime found that drifts (KL != 0 on the first step).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from datetime import timedelta
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -33,14 +31,13 @@ from tensordict import TensorDict
 from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
 from verl_async.trainer.attention import resolve_attn_implementation
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
-from verl_async.trainer.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.common import (
     DTYPES,
     METRIC_KEYS,
+    LogProbRows,
     RankBase,
     UpdateStats,
-    rng_state,
-    set_rng_state,
+    no_reference_model,
 )
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.lr_schedule import build_lr_scheduler
@@ -77,16 +74,7 @@ class FSDPWorker(RankBase):
     # ------------------------------------------------------------------ setup
     def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
         s = self.settings
-        self.device = device_layer.resolve(s.device)
-        self.device.set_current()
-        if s.device == "cpu":
-            torch.set_num_threads(int(os.environ.get("VERL_ASYNC_WORKER_THREADS", "1")))
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world_size))
-        if not dist.is_initialized():
-            dist.init_process_group(backend=self.device.dist_backend, rank=self.rank, world_size=self.world_size,
-                                    init_method=f"tcp://{master_addr}:{master_port}",
-                                    timeout=timedelta(seconds=max(60.0, s.worker_timeout_s)))
+        self._init_distributed(master_addr, master_port)
         from torch.distributed.device_mesh import init_device_mesh
 
         # DP only for now; a ("dp", "cp") mesh slots in here when context parallelism arrives.
@@ -196,27 +184,19 @@ class FSDPWorker(RankBase):
         """Log-probs (and entropy) of this rank's rows: {"rows", "log_probs" [n,T], "entropy" [n,T] | None}."""
         model = self.ref_model if use_ref else self.model
         if model is None:
-            raise RuntimeError("compute_ref_log_prob: no reference model (actor.use_kl_loss and "
-                               "algorithm.use_kl_in_reward are both false)")
+            raise no_reference_model()
         self._load_if_offloaded()
         was_training = model.training
         model.eval()
-        rows_out, logps, ents = [], [], []
+        out = LogProbRows()
         try:
             for rows in micro_batches:
                 logp, ent, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy)
-                if rows:
-                    rows_out.extend(rows)
-                    logps.append(logp.float().cpu())
-                    if ent is not None:
-                        ents.append(ent.float().cpu())
+                out.add(rows, logp, ent)
         finally:
             model.train(was_training)
             self._offload_if_asked()
-        width = batch["responses"].shape[1]
-        empty = torch.zeros(0, width)
-        return {"rows": rows_out, "log_probs": torch.cat(logps) if logps else empty,
-                "entropy": (torch.cat(ents) if ents else empty) if calculate_entropy else None}
+        return out.result(batch["responses"].shape[1], calculate_entropy)
 
     # ------------------------------------------------------------------ update
     def update(self, batch: TensorDict, plans: list[MiniBatchPlan], loss_keys: list[str]) -> dict[str, Any]:
@@ -340,17 +320,7 @@ class FSDPWorker(RankBase):
         os.makedirs(path, exist_ok=True)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
-        torch.save(rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
-        if self.rank == 0:
-            torch.save({"lr_scheduler": self.lr_scheduler.state_dict(), "global_step": self.global_step,
-                        "skipped_steps": self.skipped_steps, "extra": extra or {}},
-                       os.path.join(path, "trainer_state.pt"))
-        if self.world_size > 1:
-            dist.barrier()
-        if self.rank == 0:  # written last: its presence marks a complete checkpoint
-            with open(os.path.join(path, COMPLETE_MARKER), "w") as f:
-                json.dump({"global_step": self.global_step, "world_size": self.world_size,
-                           "model_path": self.settings.model_path}, f)
+        self._save_trainer_state(path, self.lr_scheduler.state_dict(), extra)
         self._offload_if_asked()
 
     def load(self, path: str) -> dict:
@@ -358,9 +328,7 @@ class FSDPWorker(RankBase):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        state_file = os.path.join(path, "trainer_state.pt")
-        if not os.path.exists(state_file):
-            raise FileNotFoundError(f"no trainer checkpoint at {path!r} (missing trainer_state.pt)")
+        self._trainer_state_file(path)
         self._load_if_offloaded()
         if self.settings.optimizer_offload and not self.settings.offload_policy and self.settings.device != "cpu":
             self._move_optimizer(self.device.torch_device)
@@ -369,13 +337,8 @@ class FSDPWorker(RankBase):
         dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
-        trainer_state = torch.load(state_file, weights_only=False)
+        trainer_state = self._load_trainer_state(path)
         self.lr_scheduler.load_state_dict(trainer_state["lr_scheduler"])
-        self.global_step = int(trainer_state["global_step"])
-        self.skipped_steps = int(trainer_state["skipped_steps"])
-        rng_file = os.path.join(path, f"rng_rank{self.rank}.pt")
-        if os.path.exists(rng_file):
-            set_rng_state(torch.load(rng_file, weights_only=False))
         if self.world_size > 1:
             dist.barrier()
         self._offload_if_asked()

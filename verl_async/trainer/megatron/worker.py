@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from datetime import timedelta
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -43,10 +42,10 @@ from verl_async.trainer.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.common import (
     DTYPES,
     METRIC_KEYS,
+    LogProbRows,
     RankBase,
     UpdateStats,
-    rng_state,
-    set_rng_state,
+    no_reference_model,
 )
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.megatron import device_shim
@@ -81,18 +80,8 @@ class MegatronWorker(RankBase):
 
     # ------------------------------------------------------------------ setup
     def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
-        s, ms = self.settings, self.ms
-        device_shim.prepare(s.device)
-        self.device = device_layer.resolve(s.device)
-        self.device.set_current()
-        if s.device == "cpu":
-            torch.set_num_threads(int(os.environ.get("VERL_ASYNC_WORKER_THREADS", "1")))
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world_size))
-        if not dist.is_initialized():
-            dist.init_process_group(backend=self.device.dist_backend, rank=self.rank, world_size=self.world_size,
-                                    init_method=f"tcp://{master_addr}:{master_port}",
-                                    timeout=timedelta(seconds=max(60.0, s.worker_timeout_s)))
+        device_shim.prepare(self.settings.device)  # before megatron-core is imported
+        self._init_distributed(master_addr, master_port)
         with self._mode():
             return self._init_megatron()
 
@@ -314,20 +303,13 @@ class MegatronWorker(RankBase):
         """Log-probs (and entropy) of this replica's rows; only the last stage's TP rank 0 returns rows."""
         model = self.ref_model if use_ref else self.model
         if model is None:
-            raise RuntimeError("compute_ref_log_prob: no reference model (actor.use_kl_loss and "
-                               "algorithm.use_kl_in_reward are both false)")
-        width = batch["responses"].shape[1]
-        rows_out: list[int] = []
-        logps: list[torch.Tensor] = []
-        ents: list[torch.Tensor] = []
+            raise no_reference_model()
+        out = LogProbRows()
 
         def collect(output, inp, rows):
             logp, ent, anchor = self._log_probs(output, inp, with_entropy=calculate_entropy)
-            if rows:
-                rows_out.extend(rows)
-                logps.append(logp.float().cpu())
-                if ent is not None:
-                    ents.append(ent.float().cpu())
+            if self.last_stage and self.tp_rank == 0:  # one copy per model replica
+                out.add(rows, logp, ent)
             return anchor
 
         items = [(self._inputs(batch, rows), rows) for rows in micro_batches]
@@ -341,11 +323,7 @@ class MegatronWorker(RankBase):
             finally:
                 module.train(was_training)
                 self._offload_if_asked()
-        if not (self.last_stage and self.tp_rank == 0):
-            rows_out, logps, ents = [], [], []
-        empty = torch.zeros(0, width)
-        return {"rows": rows_out, "log_probs": torch.cat(logps) if logps else empty,
-                "entropy": (torch.cat(ents) if ents else empty) if calculate_entropy else None}
+        return out.result(batch["responses"].shape[1], calculate_entropy)
 
     # ------------------------------------------------------------------ update
     def _grads_finite(self) -> bool:
@@ -467,26 +445,16 @@ class MegatronWorker(RankBase):
                 torch.save(self._module(self.model).state_dict(),
                            os.path.join(folder, f"model_tp{self.tp_rank}_pp{self.pp_rank}.pt"))
             torch.save(self._optimizer_state(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
-            torch.save(rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
-            if self.rank == 0:
-                torch.save({"scheduler": self.scheduler.state_dict(), "global_step": self.global_step,
-                            "skipped_steps": self.skipped_steps, "extra": extra or {}},
-                           os.path.join(path, "trainer_state.pt"))
-            if self.world_size > 1:
-                dist.barrier()
-            if self.rank == 0:  # written last: its presence marks a complete checkpoint
-                with open(os.path.join(path, COMPLETE_MARKER), "w") as f:
-                    json.dump({"global_step": self.global_step, "world_size": self.world_size,
-                               "model_path": self.settings.model_path, "backend": "megatron",
-                               "layout": self.ms.layout(self.dp_size)}, f)
+            self._save_trainer_state(path, self.scheduler.state_dict(), extra,
+                                     {"backend": "megatron", "layout": self.ms.layout(self.dp_size)})
             self._offload_if_asked()
 
     def load(self, path: str) -> dict:
         """Restore what `save` wrote (same TP/PP/DP layout); returns its `extra`."""
-        state_file = os.path.join(path, "trainer_state.pt")
+        self._trainer_state_file(path)
         meta_file = os.path.join(path, COMPLETE_MARKER)
-        if not os.path.exists(state_file) or not os.path.exists(meta_file):
-            raise FileNotFoundError(f"no trainer checkpoint at {path!r} (missing trainer_state.pt / {COMPLETE_MARKER})")
+        if not os.path.exists(meta_file):
+            raise FileNotFoundError(f"no complete trainer checkpoint at {path!r} (missing {COMPLETE_MARKER})")
         with open(meta_file) as f:
             meta = json.load(f)
         self.ms.check_checkpoint(path, meta, self.dp_size)
@@ -498,14 +466,9 @@ class MegatronWorker(RankBase):
             self._module(self.model).load_state_dict(torch.load(model_file, map_location=where, weights_only=True))
             self._load_optimizer_state(torch.load(os.path.join(folder, f"optimizer_rank{self.rank}.pt"),
                                                   map_location="cpu", weights_only=False))
-            trainer_state = torch.load(state_file, weights_only=False)
+            trainer_state = self._load_trainer_state(path)
             self.scheduler.num_steps = 0  # megatron's load_state_dict adds the saved steps to the current ones
-            self.scheduler.load_state_dict(trainer_state["scheduler"])
-            self.global_step = int(trainer_state["global_step"])
-            self.skipped_steps = int(trainer_state["skipped_steps"])
-            rng_file = os.path.join(path, f"rng_rank{self.rank}.pt")
-            if os.path.exists(rng_file):
-                set_rng_state(torch.load(rng_file, weights_only=False))
+            self.scheduler.load_state_dict(trainer_state["lr_scheduler"])
             if self.world_size > 1:
                 dist.barrier()
             self._offload_if_asked()
