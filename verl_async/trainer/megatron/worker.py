@@ -8,7 +8,8 @@ forward/backward schedule (pipelined when PP > 1) on every rank of the replica.
 
 Data layout: rows are right-padded (`batching.build_right_padded_inputs`): Megatron's
 RoPE takes positions from the token index, and with the padding at the end plain
-causal attention is exact, so no attention mask is built.
+causal attention is exact, so no attention mask is built (`model.use_remove_padding` and
+`model.attn_implementation` are FSDP settings and have no effect here).
 
 Loss scaling: each micro-batch loss is its exact share of the mini-batch loss (see
 `trainer.loss`); megatron-core's schedule divides by the number of micro-batches and
