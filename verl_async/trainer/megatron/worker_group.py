@@ -27,12 +27,15 @@ class MegatronWorkerGroup(RayWorkerGroup):
     default_name = "megatron_actor"
 
     def __init__(self, config: Any, *, name: Optional[str] = None):
+        super().__init__(config, name=name)
+        from verl_async.trainer.megatron import device_shim
+
+        device_shim.prepare(self.settings.device)  # on Ascend: torch_npu, MindSpeed before megatron-core
         try:
             import megatron.core  # noqa: F401
         except ImportError as exc:
             raise ImportError("actor_rollout_ref.actor.strategy=megatron needs megatron-core: "
                               "pip install 'verl_async[megatron]' (or MindSpeed's Megatron-LM on PYTHONPATH)") from exc
-        super().__init__(config, name=name)
         self.megatron = MegatronSettings.from_config(self.config, self.settings)
         self.dp_size = self.world_size // self.megatron.model_parallel_size
         self._check_overrides()
