@@ -12,11 +12,13 @@ from verl_async.protocol import Response, RolloutSample, collate_groups
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "config")
 
 
-def compose_config(model_dir: str, *overrides: str):
+def compose_config(model_dir: str, *overrides: str, config_name: str = "fully_async_ppo_trainer"):
     from hydra import compose, initialize_config_dir
 
+    import verl_async.config  # noqa: F401 - registers the YAML's resolvers
+
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose("fully_async_ppo_trainer", overrides=[f"actor_rollout_ref.model.path={model_dir}", *overrides])
+        return compose(config_name, overrides=[f"actor_rollout_ref.model.path={model_dir}", *overrides])
 
 
 def make_batch(groups: int = 4, n: int = 2, *, seed: int = 0, vocab: int = 250, prompt_len=(2, 8),

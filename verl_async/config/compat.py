@@ -20,6 +20,7 @@ log = logging.getLogger("verl_async.config")
 class Compat(NamedTuple):
     default: Any
     why: str = ""
+    used_by: str = ""  # a trainer strategy that does use the key (no warning under it)
 
 
 _UNUSED_FSDP = "verl_async's FSDP2/Megatron workers do not use it"
@@ -46,7 +47,7 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.model.lora_alpha": Compat(16, "LoRA is not supported"),
     "actor_rollout_ref.model.target_modules": Compat("all-linear", "LoRA is not supported"),
     "actor_rollout_ref.model.exclude_modules": Compat(None, "LoRA is not supported"),
-    "actor_rollout_ref.actor.optim.override_optimizer_config": Compat({}),
+    "actor_rollout_ref.actor.optim.override_optimizer_config": Compat({}, "only the Megatron trainer uses it", "megatron"),
     "actor_rollout_ref.actor.megatron.use_mbridge": Compat(False, "weights are converted by verl_async itself"),
     "actor_rollout_ref.actor.megatron.use_dist_checkpointing": Compat(False, "the model loads from actor_rollout_ref.model.path"),
     "actor_rollout_ref.actor.megatron.dist_checkpointing_path": Compat(None),
@@ -88,7 +89,10 @@ def _changed(key: str, value: Any, default: Any) -> List[Tuple[str, Any]]:
 def compat_keys_set(cfg: DictConfig) -> List[Tuple[str, Any]]:
     """(full key, value) of every compatibility-only key set to a non-default value."""
     out: List[Tuple[str, Any]] = []
+    strategy = OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy", default=None)
     for key, compat in COMPAT_KEYS.items():
+        if compat.used_by and compat.used_by == strategy:
+            continue
         node = OmegaConf.select(cfg, key, default=_ABSENT)
         if node is _ABSENT:
             continue

@@ -37,6 +37,7 @@ STRATEGIES = ("fsdp", "fsdp2", "megatron")  # fsdp (verl's FSDP1) runs as fsdp2
 SYNC_TRANSPORTS = ("object_store", "nccl", "hccl", "gloo")
 REWARD_MANAGERS = ("naive", "dapo")
 LR_SCHEDULERS = ("constant", "cosine")
+MEGATRON_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 CORRECTION_LEVELS = ("token", "sequence", "geometric")
 CORRECTION_MODES = ("truncate", "clip", "mask")
@@ -213,6 +214,7 @@ class MegatronConfig:
     use_dist_checkpointing: bool
     dist_checkpointing_path: Optional[str]
     seed: int
+    dtype: str = rule(choices=MEGATRON_DTYPES)
     use_mbridge: bool
     override_transformer_config: Dict[str, Any]
 

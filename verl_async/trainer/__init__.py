@@ -8,11 +8,12 @@ the per-micro-batch actor loss, `checkpoint` the folder layout and rotation.
 from verl_async.trainer.checkpoint import checkpoint_dir, latest_checkpoint, mark_latest, rotate_checkpoints
 from verl_async.trainer.fsdp_worker import FSDPWorker
 from verl_async.trainer.settings import TrainerSettings
-from verl_async.trainer.worker_group import FSDPWorkerGroup, WorkerGroupError
+from verl_async.trainer.worker_group import FSDPWorkerGroup, RayWorkerGroup, WorkerGroupError
 
 __all__ = [
     "FSDPWorker",
     "FSDPWorkerGroup",
+    "RayWorkerGroup",
     "TrainerSettings",
     "WorkerGroupError",
     "checkpoint_dir",

@@ -279,3 +279,41 @@ def gather_rows(batch: TensorDict, rows: Sequence[int], keys: Iterable[str]) -> 
     """Per-row tensors of a micro-batch ([b, T] loss inputs), in `rows` order."""
     idx = torch.as_tensor(list(rows), dtype=torch.long)
     return {k: batch[k][idx] for k in keys}
+
+
+def build_right_padded_inputs(batch: TensorDict, rows: Sequence[int], *, pad_token_id: int,
+                              multiple_of: int = 1) -> ModelInputs:
+    """Rows as `[prompt tokens, response tokens, pad...]`, positions 0..L-1, no attention mask.
+
+    For models that take positions from the token index (Megatron's RoPE ignores
+    `position_ids`) and run plain causal attention: with every row's padding at its
+    end, causal masking alone is exact. `logits_index` covers the columns from the
+    first response prediction on; `labels` are the next tokens there. Lengths are
+    padded to a multiple of `multiple_of` (sequence parallelism splits them).
+    """
+    width = batch["responses"].shape[1]
+    if not rows:
+        return dummy_inputs(pad_token_id, width)
+    idx = torch.as_tensor(list(rows), dtype=torch.long)
+    prompts, responses, am = batch["prompts"][idx], batch["responses"][idx], batch["attention_mask"][idx]
+    P = prompts.shape[1]
+    p_len, r_len = am[:, :P].sum(dim=1).long(), am[:, P:].sum(dim=1).long()
+    b = len(rows)
+    length = int((p_len + r_len).max())
+    length = -(-length // multiple_of) * multiple_of
+    input_ids = torch.full((b, length), pad_token_id, dtype=prompts.dtype)
+    for i in range(b):
+        p, r = int(p_len[i]), int(r_len[i])
+        input_ids[i, :p] = prompts[i, P - p:]
+        input_ids[i, p:p + r] = responses[i, :r]
+    start = int(p_len.min()) - 1  # first column whose logits predict a response token
+    keep = torch.arange(start, length - 1)
+    labels = input_ids[:, start + 1:]
+    valid = am[:, P:P + width].bool()
+    rr, cc = valid.nonzero(as_tuple=True)
+    src = rr * keep.numel() + (p_len[rr] - 1 + cc - start)
+    return ModelInputs(
+        input_ids=input_ids, position_ids=torch.arange(length).unsqueeze(0).expand(b, -1).contiguous(),
+        attention_mask=None, logits_index=keep, labels=labels, src=src, dst_row=rr, dst_col=cc, num_rows=b,
+        width=width,
+    )

@@ -19,13 +19,8 @@ slime found that drifts (KL != 0 on the first step).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import random
-import socket
-import time
-from datetime import timedelta
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -35,24 +30,22 @@ from tensordict import TensorDict
 
 from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
 from verl_async.trainer.attention import resolve_attn_implementation
-from verl_async.trainer.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
-from verl_async.trainer.loss import LossConfig, actor_loss
+from verl_async.trainer.common import (
+    DTYPES,
+    METRIC_KEYS,
+    LogProbRows,
+    RankBase,
+    UpdateStats,
+    no_reference_model,
+)
+from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.lr_schedule import build_lr_scheduler
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.utils import device as device_layer
 
 logger = logging.getLogger(__name__)
 
-_METRIC_KEYS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
-                "actor/kl_loss", "actor/loss")
-_DTYPE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _decoder_layer_classes(model: torch.nn.Module) -> set[str]:
@@ -63,7 +56,7 @@ def _decoder_layer_classes(model: torch.nn.Module) -> set[str]:
     return names
 
 
-class FSDPWorker:
+class FSDPWorker(RankBase):
     """One rank. Call order: `master_address()` (rank 0) -> `init(addr, port)` on all ranks -> work."""
 
     def __init__(self, config: dict, rank: int, world_size: int):
@@ -76,28 +69,12 @@ class FSDPWorker:
         self.ref_model: Any = None
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.lr_scheduler: Any = None
+        self.compute_dtype = self.settings.param_dtype
 
     # ------------------------------------------------------------------ setup
-    def master_address(self) -> tuple[str, int]:
-        """Where rank 0 listens: loopback on one node, this node's address across nodes."""
-        if self.settings.nnodes == 1:
-            return "127.0.0.1", free_port()
-        import ray
-
-        return ray.util.get_node_ip_address(), free_port()
-
     def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
         s = self.settings
-        self.device = device_layer.resolve(s.device)
-        self.device.set_current()
-        if s.device == "cpu":
-            torch.set_num_threads(int(os.environ.get("VERL_ASYNC_WORKER_THREADS", "1")))
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world_size))
-        if not dist.is_initialized():
-            dist.init_process_group(backend=self.device.dist_backend, rank=self.rank, world_size=self.world_size,
-                                    init_method=f"tcp://{master_addr}:{master_port}",
-                                    timeout=timedelta(seconds=max(60.0, s.worker_timeout_s)))
+        self._init_distributed(master_addr, master_port)
         from torch.distributed.device_mesh import init_device_mesh
 
         # DP only for now; a ("dp", "cp") mesh slots in here when context parallelism arrives.
@@ -127,8 +104,8 @@ class FSDPWorker:
 
         if self.settings.device == "cpu":
             return MixedPrecisionPolicy()  # float32 throughout
-        return MixedPrecisionPolicy(param_dtype=_DTYPE[self.settings.param_dtype],
-                                    reduce_dtype=_DTYPE[self.settings.reduce_dtype])
+        return MixedPrecisionPolicy(param_dtype=DTYPES[self.settings.param_dtype],
+                                    reduce_dtype=DTYPES[self.settings.reduce_dtype])
 
     def _build_model(self, *, train: bool):
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -177,14 +154,6 @@ class FSDPWorker:
                 if isinstance(value, torch.Tensor):
                     state[key] = value.to(where, non_blocking=True)
 
-    # ------------------------------------------------------------------ runtime knobs
-    def set_options(self, overrides: dict[str, Any]) -> None:
-        self.settings = self.settings.with_overrides(overrides)
-
-    def state(self) -> dict[str, Any]:
-        return {"global_step": self.global_step, "skipped_steps": self.skipped_steps,
-                "lr": float(self.optimizer.param_groups[0]["lr"])}
-
     # ------------------------------------------------------------------ forward
     def _forward(self, model, inp: ModelInputs, *, with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
         """(logp [b,T], entropy [b,T] or None, anchor): anchor is a zero that touches the whole graph."""
@@ -215,43 +184,21 @@ class FSDPWorker:
         """Log-probs (and entropy) of this rank's rows: {"rows", "log_probs" [n,T], "entropy" [n,T] | None}."""
         model = self.ref_model if use_ref else self.model
         if model is None:
-            raise RuntimeError("compute_ref_log_prob: no reference model (actor.use_kl_loss and "
-                               "algorithm.use_kl_in_reward are both false)")
+            raise no_reference_model()
         self._load_if_offloaded()
         was_training = model.training
         model.eval()
-        rows_out, logps, ents = [], [], []
+        out = LogProbRows()
         try:
             for rows in micro_batches:
                 logp, ent, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy)
-                if rows:
-                    rows_out.extend(rows)
-                    logps.append(logp.float().cpu())
-                    if ent is not None:
-                        ents.append(ent.float().cpu())
+                out.add(rows, logp, ent)
         finally:
             model.train(was_training)
             self._offload_if_asked()
-        width = batch["responses"].shape[1]
-        empty = torch.zeros(0, width)
-        return {"rows": rows_out, "log_probs": torch.cat(logps) if logps else empty,
-                "entropy": (torch.cat(ents) if ents else empty) if calculate_entropy else None}
+        return out.result(batch["responses"].shape[1], calculate_entropy)
 
     # ------------------------------------------------------------------ update
-    def _loss_config(self) -> LossConfig:
-        s = self.settings
-        return LossConfig(loss_agg_mode=s.loss_agg_mode, clip_ratio_low=s.clip_ratio_low,
-                          clip_ratio_high=s.clip_ratio_high, clip_ratio_c=s.clip_ratio_c,
-                          entropy_coeff=s.entropy_coeff, use_kl_loss=s.use_kl_loss, kl_loss_coef=s.kl_loss_coef,
-                          kl_loss_type=s.kl_loss_type)
-
-    def _all_reduce_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64,
-                         device="cpu" if self.settings.device == "cpu" else self.device.torch_device)
-        if self.world_size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t.cpu().tolist()
-
     def update(self, batch: TensorDict, plans: list[MiniBatchPlan], loss_keys: list[str]) -> dict[str, Any]:
         """One training step: every mini-batch of `plans` is one optimizer step (PPO epochs included).
 
@@ -259,7 +206,7 @@ class FSDPWorker:
         [B,T] tensors named in `loss_keys`. Returns metrics (identical on all ranks).
         """
         s = self.settings
-        cfg = self._loss_config()
+        cfg = LossConfig.from_settings(s)
         horizon = max(s.response_length or 0, batch["responses"].shape[1])
         self._load_if_offloaded()
         if s.optimizer_offload and not s.offload_policy and s.device != "cpu":
@@ -272,85 +219,51 @@ class FSDPWorker:
         # Like verl: entropy only when it is in the loss (it costs extra passes over [tokens, vocab]); for
         # logging, compute_log_prob(calculate_entropy=True) gives it at no extra forward.
         want_entropy = s.entropy_coeff != 0
-        values: dict[str, list[float]] = {k: [] for k in _METRIC_KEYS}
-        grad_norms: list[float] = []
-        skipped = 0
-        errors: list[str] = []
-        t0 = time.perf_counter()
-        tokens = 0
+        stats = UpdateStats()
         for plan in plans:
-            local = {k: 0.0 for k in _METRIC_KEYS}
+            local = {k: 0.0 for k in METRIC_KEYS}
             bad = 0.0
             for rows in plan.micro[self.rank]:
                 inp = self._inputs(batch, rows)
-                tokens += inp.num_tokens if rows else 0
+                stats.tokens += inp.num_tokens if rows else 0
                 logp, ent, anchor = self._forward(self.model, inp, with_entropy=want_entropy)
                 loss = anchor
                 if rows:
                     data = {k: v.to(logp.device) for k, v in gather_rows(batch, rows, loss_keys).items()}
-                    valid = data["loss_mask"].bool()
-                    finite = torch.isfinite(logp) & (torch.isfinite(ent) if ent is not None else True)
-                    if not bool(finite[valid].all()):
+                    micro_loss, m, error = guarded_actor_loss(logp, ent, data, cfg, rows=rows,
+                                                              global_tokens=plan.num_tokens,
+                                                              global_seqs=plan.num_seqs, loss_scale_factor=horizon)
+                    if error is not None:
                         bad = 1.0
-                        errors.append(f"non-finite log-probs/entropy in rows {list(rows)[:8]}")
+                        stats.errors.append(error)
                     else:
-                        try:
-                            micro_loss, m = actor_loss(logp, ent, data, cfg, global_tokens=plan.num_tokens,
-                                                       global_seqs=plan.num_seqs, loss_scale_factor=horizon)
-                            loss = loss + micro_loss
-                            for k, v in m.items():
-                                local[k] += v
-                        except ValueError as exc:  # non-finite per-token loss: skip the step on all ranks
-                            bad = 1.0
-                            errors.append(str(exc))
+                        loss = loss + micro_loss
+                        for k, v in m.items():
+                            local[k] += v
                 # FSDP averages gradients over ranks; the shares are sums: undo the average.
                 (loss * self.world_size).backward()
-            reduced = self._all_reduce_sum([local[k] for k in _METRIC_KEYS] + [bad])
-            step_metrics = dict(zip(_METRIC_KEYS, reduced[:-1]))
+            reduced = self._all_reduce_sum([local[k] for k in METRIC_KEYS] + [bad])
+            step_metrics = dict(zip(METRIC_KEYS, reduced[:-1]))
             bad_any = reduced[-1] > 0 or not all(np.isfinite(v) for v in step_metrics.values())
             grad_norm = self._clip_grad_norm()
-            if bad_any or not np.isfinite(grad_norm):
+            skip = bad_any or not np.isfinite(grad_norm)
+            if skip:
                 self.optimizer.zero_grad(set_to_none=True)
-                skipped += 1
                 if self.rank == 0:
                     logger.warning("step %d: non-finite loss or grad norm (%s, grad_norm=%s): optimizer step "
-                                   "skipped (%d skipped so far)", self.global_step, errors[-1] if errors else
-                                   "loss overflow", grad_norm, self.skipped_steps + skipped)
+                                   "skipped (%d skipped so far)", self.global_step, stats.errors[-1] if stats.errors
+                                   else "loss overflow", grad_norm, self.skipped_steps + stats.skipped + 1)
             else:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-            grad_norms.append(grad_norm)
-            for k in _METRIC_KEYS:
-                if np.isfinite(step_metrics[k]):  # a skipped (overflowed) step would turn the mean into inf
-                    values[k].append(step_metrics[k])
+            stats.add_step(step_metrics, grad_norm, skip)
         self.lr_scheduler.step()
         self.global_step += 1
-        self.skipped_steps += skipped
+        self.skipped_steps += stats.skipped
         if s.optimizer_offload and not s.offload_policy and s.device != "cpu":
             self._move_optimizer("cpu")
         self._offload_if_asked()
-        metrics: dict[str, Any] = {k: float(np.mean(v)) if v else float("nan") for k, v in values.items()}
-        if not s.use_kl_loss:
-            metrics.pop("actor/kl_loss")
-        if not want_entropy:
-            metrics.pop("actor/entropy")
-        finite_norms = [g for g in grad_norms if np.isfinite(g)]
-        metrics.update({
-            "actor/grad_norm": float(np.mean(finite_norms)) if finite_norms else float("nan"),
-            "actor/lr": lr,
-            "actor/skipped_steps": float(skipped),
-            "actor/total_skipped_steps": float(self.skipped_steps),
-            "actor/optimizer_steps": float(len(plans) - skipped),
-            "actor/global_step": float(self.global_step),
-            "perf/forward_tokens_rank": float(tokens),
-            "perf/train_time_s": time.perf_counter() - t0,
-            "perf/max_memory_allocated_gb": device_layer.peak_memory_bytes(s.device) / 2**30,
-        })
-        if s.use_kl_loss:
-            metrics["actor/kl_coef"] = s.kl_loss_coef
-        if errors:
-            metrics["actor/skip_reasons"] = errors[:4]
-        return metrics
+        return stats.metrics(s, lr=lr, total_skipped=self.skipped_steps, global_step=self.global_step)
 
     def _clip_grad_norm(self) -> float:
         """Global grad norm over the sharded (DTensor) grads; clip when finite.
@@ -395,22 +308,6 @@ class FSDPWorker:
         finally:
             self._offload_if_asked()
 
-    def weight_buckets(self, bucket_bytes: int, dtype: Optional[str] = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Buckets of (name, tensor) of at most `bucket_bytes` (a larger tensor travels alone); rank 0 yields."""
-        if bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, tensor in self.iter_full_params(_DTYPE[dtype] if dtype else self._sync_dtype()):
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            yield bucket
-
     # ------------------------------------------------------------------ collective weight sync (sync_collective.py)
     def _weight_sync(self):
         from verl_async.sync_collective import TrainerEndpoint
@@ -423,7 +320,7 @@ class FSDPWorker:
         """The bucket plan (names, dtypes, full shapes, offsets) from metadata alone: no gather."""
         from verl_async.sync_collective import plan_buckets, plan_to_wire
 
-        target = _DTYPE[dtype] if dtype else self._sync_dtype()
+        target = self._sync_dtype(dtype)
         return plan_to_wire(plan_buckets(((n, target, tuple(p.shape)) for n, p in self.model.named_parameters()),
                                          bucket_bytes))
 
@@ -436,44 +333,16 @@ class FSDPWorker:
     def send_weights(self, plan: list, double_buffer: bool = True, verify: bool = False,
                      dtype: Optional[str] = None) -> dict:
         """Every rank gathers; rank 0 broadcasts the buckets of `plan` to the sync group."""
-        target = _DTYPE[dtype] if dtype else self._sync_dtype()
+        target = self._sync_dtype(dtype)
         return self._weight_sync().send(plan, self.iter_full_params(target, to_cpu=False),
                                         double_buffer=double_buffer, verify=verify)
 
     def leave_weight_sync(self) -> None:
         self._weight_sync().close()
 
-    def _sync_dtype(self) -> torch.dtype:
-        return torch.float32 if self.settings.device == "cpu" else _DTYPE[self.settings.param_dtype]
-
-    def export_hf(self, path: str, dtype: Optional[str] = None) -> Optional[str]:
-        """A plain HF folder (config, safetensors, tokenizer) that `from_pretrained` loads; rank 0 writes."""
-        from transformers import AutoModelForCausalLM
-
-        from verl_async.models import load_tokenizer
-
-        target = _DTYPE[dtype] if dtype else self._sync_dtype()
-        state = dict(self.iter_full_params(target))
-        if self.rank == 0:
-            config = self.model.config
-            with torch.device("meta"):
-                hf = AutoModelForCausalLM.from_config(config, dtype=target,
-                                                      trust_remote_code=self.settings.trust_remote_code)
-            missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
-            tied = set(getattr(hf, "_tied_weights_keys", None) or [])
-            missing = [k for k in missing if k not in tied]
-            if missing or unexpected:
-                raise RuntimeError(f"export_hf: state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
-            hf.tie_weights()
-            hf.config.use_cache = True
-            os.makedirs(path, exist_ok=True)
-            hf.save_pretrained(path)
-            tok = load_tokenizer(self.settings.model_path, trust_remote_code=self.settings.trust_remote_code,
-                                 custom_chat_template=self.settings.custom_chat_template)
-            tok.save_pretrained(path)
-        if self.world_size > 1:
-            dist.barrier()
-        return path if self.rank == 0 else None
+    @property
+    def hf_config(self) -> Any:
+        return self.model.config
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str, extra: Optional[dict] = None) -> None:
@@ -485,17 +354,7 @@ class FSDPWorker:
         os.makedirs(path, exist_ok=True)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
-        torch.save(_rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
-        if self.rank == 0:
-            torch.save({"lr_scheduler": self.lr_scheduler.state_dict(), "global_step": self.global_step,
-                        "skipped_steps": self.skipped_steps, "extra": extra or {}},
-                       os.path.join(path, "trainer_state.pt"))
-        if self.world_size > 1:
-            dist.barrier()
-        if self.rank == 0:  # written last: its presence marks a complete checkpoint
-            with open(os.path.join(path, COMPLETE_MARKER), "w") as f:
-                json.dump({"global_step": self.global_step, "world_size": self.world_size,
-                           "model_path": self.settings.model_path}, f)
+        self._save_trainer_state(path, self.lr_scheduler.state_dict(), extra)
         self._offload_if_asked()
 
     def load(self, path: str) -> dict:
@@ -503,9 +362,7 @@ class FSDPWorker:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        state_file = os.path.join(path, "trainer_state.pt")
-        if not os.path.exists(state_file):
-            raise FileNotFoundError(f"no trainer checkpoint at {path!r} (missing trainer_state.pt)")
+        self._trainer_state_file(path)
         self._load_if_offloaded()
         if self.settings.optimizer_offload and not self.settings.offload_policy and self.settings.device != "cpu":
             self._move_optimizer(self.device.torch_device)
@@ -514,13 +371,8 @@ class FSDPWorker:
         dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
-        trainer_state = torch.load(state_file, weights_only=False)
+        trainer_state = self._load_trainer_state(path)
         self.lr_scheduler.load_state_dict(trainer_state["lr_scheduler"])
-        self.global_step = int(trainer_state["global_step"])
-        self.skipped_steps = int(trainer_state["skipped_steps"])
-        rng_file = os.path.join(path, f"rng_rank{self.rank}.pt")
-        if os.path.exists(rng_file):
-            _set_rng_state(torch.load(rng_file, weights_only=False))
         if self.world_size > 1:
             dist.barrier()
         self._offload_if_asked()
@@ -530,17 +382,3 @@ class FSDPWorker:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])

@@ -15,7 +15,7 @@ them over micro-batches and ranks gives the mini-batch value.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import torch
 
@@ -32,6 +32,13 @@ class LossConfig:
     use_kl_loss: bool
     kl_loss_coef: float
     kl_loss_type: str
+
+    @classmethod
+    def from_settings(cls, s) -> "LossConfig":
+        """From a `TrainerSettings` (runtime overrides included)."""
+        return cls(loss_agg_mode=s.loss_agg_mode, clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
+                   clip_ratio_c=s.clip_ratio_c, entropy_coeff=s.entropy_coeff, use_kl_loss=s.use_kl_loss,
+                   kl_loss_coef=s.kl_loss_coef, kl_loss_type=s.kl_loss_type)
 
 
 def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], data: Mapping[str, torch.Tensor],
@@ -70,3 +77,22 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], data: Mappin
         loss = loss + cfg.kl_loss_coef * kl
     metrics["actor/loss"] = float(loss.detach())
     return loss, metrics
+
+
+def guarded_actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], data: Mapping[str, torch.Tensor],
+                       cfg: LossConfig, *, rows: Sequence[int], global_tokens: float, global_seqs: float,
+                       loss_scale_factor: int) -> tuple[Optional[torch.Tensor], dict[str, float], Optional[str]]:
+    """`actor_loss`, or (None, {}, reason) when log-probs / entropy / loss are not finite at valid tokens.
+
+    The caller then skips the optimizer step on every rank (the reason goes to the metrics).
+    """
+    valid = data["loss_mask"].bool()
+    finite = torch.isfinite(logp) & (torch.isfinite(entropy) if entropy is not None else True)
+    if not bool(finite[valid].all()):
+        return None, {}, f"non-finite log-probs/entropy in rows {list(rows)[:8]}"
+    try:
+        loss, metrics = actor_loss(logp, entropy, data, cfg, global_tokens=global_tokens, global_seqs=global_seqs,
+                                   loss_scale_factor=loss_scale_factor)
+    except ValueError as exc:  # non-finite per-token loss
+        return None, {}, str(exc)
+    return loss, metrics, None

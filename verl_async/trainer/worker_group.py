@@ -1,4 +1,11 @@
-"""FSDP2 worker group: one Ray actor per device, driven as one trainer (slime-like interface).
+"""Trainer worker groups: one Ray actor per device, driven as one trainer (slime-like interface).
+
+`RayWorkerGroup` is the driver side every backend shares (placement, timeouts, the
+data plan, weight-bucket streaming, checkpoint folders); a backend names its rank
+class (`FSDPWorkerGroup` -> `FSDPWorker`, `MegatronWorkerGroup` -> `MegatronWorker`)
+and, when model parallelism makes the data-parallel size smaller than the world,
+its ranks report their `dp_rank` from `init()`: all ranks of one model replica then
+get the same part of the plan.
 
     group = FSDPWorkerGroup(cfg)                   # full Hydra config (DictConfig or dict)
     group.init()                                   # placement group, ranks, process group, FSDP2 models
@@ -76,7 +83,7 @@ class WorkerGroupError(RuntimeError):
     """A worker died, timed out or failed; the group can not continue."""
 
 
-def _plain_config(config: Any) -> dict:
+def _plain_config(config: Any, owner: str) -> dict:
     try:
         from omegaconf import DictConfig, OmegaConf
 
@@ -85,16 +92,23 @@ def _plain_config(config: Any) -> dict:
     except ImportError:  # pragma: no cover - omegaconf is a core dependency
         pass
     if not isinstance(config, Mapping):
-        raise TypeError(f"FSDPWorkerGroup: config must be a DictConfig or a mapping, got {type(config).__name__}")
+        raise TypeError(f"{owner}: config must be a DictConfig or a mapping, got {type(config).__name__}")
     return dict(config)
 
 
-class FSDPWorkerGroup:
-    def __init__(self, config: Any, *, name: str = "fsdp_actor"):
-        self.config = _plain_config(config)
+class RayWorkerGroup:
+    """Driver of one rank class (`worker_cls`); see the module docstring."""
+
+    worker_cls: Any = None
+    default_name = "actor"
+
+    def __init__(self, config: Any, *, name: Optional[str] = None):
+        self.config = _plain_config(config, type(self).__name__)
         self.settings = TrainerSettings.from_config(self.config)
-        self.name = name
+        self.name = name or self.default_name
         self.world_size = self.settings.world_size
+        self.dp_size = self.world_size  # model-parallel backends shrink it (see _set_dp_ranks)
+        self.dp_ranks = list(range(self.world_size))
         self.workers: list[Any] = []
         self.global_step = 0
         self._pg = None
@@ -130,7 +144,7 @@ class FSDPWorkerGroup:
                 f"trainer.n_gpus_per_node={s.n_gpus_per_node}) within {s.worker_timeout_s}s; cluster resources: "
                 f"{ray.available_resources()}"
             ) from exc
-        actor_cls = ray.remote(FSDPWorker)
+        actor_cls = ray.remote(self.worker_cls)
         for rank in range(self.world_size):
             options: dict[str, Any] = dict(
                 num_cpus=cpus,
@@ -143,7 +157,14 @@ class FSDPWorkerGroup:
             self.workers.append(actor_cls.options(**options).remote(self.config, rank, self.world_size))
         addr, port = self._call_one(0, "master_address")
         self.info = self._call("init", addr, port)
+        self._set_dp_ranks(self.info)
         return self.info
+
+    def _set_dp_ranks(self, info: list[dict]) -> None:
+        """Ranks that report a `dp_rank` share the plan of their model replica."""
+        if all("dp_rank" in i for i in info):
+            self.dp_ranks = [int(i["dp_rank"]) for i in info]
+            self.dp_size = max(self.dp_ranks) + 1
 
     def shutdown(self) -> None:
         import ray
@@ -199,7 +220,7 @@ class FSDPWorkerGroup:
         return self._wait([getattr(self.workers[rank], method).remote(*args, **kwargs)], method)[0]
 
     def _call_planned(self, method: str, batch_ref, plans: list, *args, **kwargs) -> list:
-        refs = [getattr(w, method).remote(batch_ref, plans[rank], *args, **kwargs)
+        refs = [getattr(w, method).remote(batch_ref, plans[self.dp_ranks[rank]], *args, **kwargs)
                 for rank, w in enumerate(self.workers)]
         return self._wait(refs, method)
 
@@ -236,7 +257,7 @@ class FSDPWorkerGroup:
         n = check_batch(batch, LAYOUT_KEYS, call)
         p_len, r_len = sequence_lengths(batch)
         weights = check_lengths(p_len, r_len, max_tokens if dynamic else None, key)
-        plan = plan_forward(weights, self.world_size, dynamic=dynamic, micro_size=micro, max_tokens=max_tokens)
+        plan = plan_forward(weights, self.dp_size, dynamic=dynamic, micro_size=micro, max_tokens=max_tokens)
         ref = ray.put(batch.select(*LAYOUT_KEYS))
         outs = self._call_planned("compute_log_prob", ref, plan, use_ref=use_ref,
                                   calculate_entropy=calculate_entropy)
@@ -291,13 +312,16 @@ class FSDPWorkerGroup:
             send["ref_log_prob"] = batch["ref_log_prob"]
         plans = plan_update(batch["group_index"], weights, loss_mask, mini_groups=s.ppo_mini_batch_size,
                             epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed * 100003 + self.global_step,
-                            dp=self.world_size, dynamic=s.use_dynamic_bsz, micro_size=s.ppo_micro_batch_size_per_gpu,
+                            dp=self.dp_size, dynamic=s.use_dynamic_bsz, micro_size=s.ppo_micro_batch_size_per_gpu,
                             max_tokens=s.ppo_max_token_len_per_gpu)
         loss_keys = [k for k in ("loss_mask", "old_log_probs", "advantages", "is_weights", "ref_log_prob") if k in send]
         ref = ray.put(TensorDict(send, batch_size=batch.batch_size))
         refs = [w.update.remote(ref, plans, loss_keys) for w in self.workers]
         outs = self._wait(refs, "update")
         metrics.update(outs[0])
+        reasons = list(dict.fromkeys(r for o in outs for r in o.get("actor/skip_reasons", [])))
+        if reasons:  # with pipeline parallelism only the last stage sees the loss
+            metrics["actor/skip_reasons"] = reasons[:4]
         metrics["perf/forward_tokens"] = float(sum(o["perf/forward_tokens_rank"] for o in outs))
         metrics["perf/train_tokens"] = float(batch["attention_mask"].sum()) * s.ppo_epochs
         metrics.pop("perf/forward_tokens_rank", None)
@@ -389,3 +413,10 @@ class FSDPWorkerGroup:
 
     def state(self) -> dict:
         return self._call_one(0, "state")
+
+
+class FSDPWorkerGroup(RayWorkerGroup):
+    """FSDP2 ranks (`FSDPWorker`): every rank is a data-parallel rank."""
+
+    worker_cls = FSDPWorker
+    default_name = "fsdp_actor"

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# On the lent 2-GPU machine (nvidia-h200-x2), from the repository root, carrying ".whl"
+# (made by scripts/device/megatron_wheels.sh). One call, < 600 s; results under $OUT:
+#   megatron_equivalence.json  FSDP2 (1 GPU) vs Megatron TP=2 / PP=2 / TP=1+offload, bf16
+#   megatron_gpu_pytest.log    tests/trainer/test_megatron_gpu.py (the assertions)
+#   megatron_async.log         recipe.fully_async_main with the Megatron config (1 trainer GPU
+#                              + 1 rollout GPU, the reference script's fusion/offload overrides)
+#   megatron_async_summary.txt the run's last lines + checkpoint listing
+#   megatron_cpu_pytest.log    the CPU megatron tests on this machine's Python/torch (last; skipped when late)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/megatron_gpu_check}; mkdir -p "$OUT"
+START=$(date +%s)
+left() { echo $((570 - ($(date +%s) - START))); }
+bash .whl/install_on_device.sh >/dev/null || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 - <<'PY' 2>&1 | tee "$OUT/versions.txt"
+import torch, megatron.core, transformers, ray
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())
+print("megatron-core", megatron.core.__version__, "transformers", transformers.__version__, "ray", ray.__version__)
+PY
+rc=0
+
+# 1. Equivalence (the issue's first GPU item).
+VERL_ASYNC_RESULTS=$OUT/megatron_equivalence.json timeout 300 python3 -m pytest -q -s -p no:cacheprovider \
+    -m multigpu tests/trainer/test_megatron_gpu.py 2>&1 | tee "$OUT/megatron_gpu_pytest.log" | tail -40
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+
+# 2. A short async run with the Megatron trainer: random-weight small Qwen2, built-in task, no hub.
+MODEL=/tmp/qwen2_small_random
+python3 -c "from verl_async.models import build_tiny_model_dir as b; b('$MODEL', hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=704, max_position_embeddings=512)"
+A=actor_rollout_ref.actor
+T=+$A.megatron.override_transformer_config
+O=+$A.optim.override_optimizer_config
+timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m recipe.fully_async_main \
+    --config-path=config --config-name=fully_async_ppo_megatron_trainer.yaml \
+    actor_rollout_ref.model.path=$MODEL trainer.device=cuda trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 \
+    actor_rollout_ref.rollout.name=native rollout.total_rollout_steps=64 trainer.save_freq=4 \
+    trainer.default_local_dir=/tmp/megatron_async_run hydra.run.dir=/tmp/megatron_async_run/hydra \
+    $A.use_kl_loss=True $A.kl_loss_coef=0.001 $A.kl_loss_type=low_var_kl $A.entropy_coeff=0.001 \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    $A.megatron.param_offload=True $A.megatron.grad_offload=True $A.megatron.optimizer_offload=True \
+    actor_rollout_ref.ref.megatron.param_offload=True \
+    $A.megatron.virtual_pipeline_model_parallel_size=null \
+    $T.apply_rope_fusion=True $T.masked_softmax_fusion=True $T.bias_activation_fusion=True \
+    $T.bias_dropout_fusion=True $T.gradient_accumulation_fusion=True $T.deallocate_pipeline_outputs=True \
+    $T.persist_layer_norm=True $T.use_flash_attn=True \
+    $O.optimizer_offload_fraction=0 $O.overlap_cpu_optimizer_d2h_h2d=True \
+    $O.use_precision_aware_optimizer=True $O.optimizer_cpu_offload=True \
+    > "$OUT/megatron_async.log" 2>&1
+arc=$?
+{ echo "exit $arc"; grep -E "turned off|validation|done in|Error|Traceback" "$OUT/megatron_async.log" | tail -30
+  ls -R /tmp/megatron_async_run 2>/dev/null | grep -E "global_step|megatron|\.pt$" | head -20; } \
+    | tee "$OUT/megatron_async_summary.txt"
+[ "$arc" = 0 ] || rc=1
+cp /tmp/megatron_async_run/timeline.html "$OUT/megatron_async_timeline.html" 2>/dev/null
+
+# 3. The CPU megatron tests on this machine's Python/torch (the wheel CI would use), if time is left.
+if [ "$(left)" -gt 150 ]; then
+    timeout $(( $(left) - 20 )) python3 -m pytest -q -p no:cacheprovider tests/trainer/test_megatron_convert.py \
+        tests/trainer/test_megatron_cpu.py 2>&1 | tail -15 > "$OUT/megatron_cpu_pytest.log"
+else
+    echo "skipped: $(left) s left" > "$OUT/megatron_cpu_pytest.log"
+fi
+cat "$OUT/megatron_cpu_pytest.log"
+echo "total $(( $(date +%s) - START )) s, rc=$rc"
+exit $rc
