@@ -17,6 +17,15 @@ def test_device_layer_cpu():
         device.check_kind("tpu")
 
 
+def test_device_layer_accepts_torch_device_strings():
+    # Engine replicas hand engines str(torch.device(...)), e.g. "cuda:0"; the kind and index are parsed.
+    assert device.resolve(str(torch.device("cpu", 0))).torch_device == torch.device("cpu")
+    with pytest.raises(ValueError, match="index"):
+        device.resolve("cuda:x")
+    with pytest.raises(ValueError, match="trainer.device"):
+        device.resolve("tpu:0")
+
+
 def test_npu_missing_is_clear():
     if device.is_available("npu"):
         pytest.skip("torch_npu present")

@@ -155,7 +155,9 @@ def test_dead_engine_replica_stops_the_run_with_the_cause(ray_session, tmp_path,
     killer = threading.Thread(target=kill_a_replica, daemon=True)
     killer.start()
     with pytest.raises(PipelineError, match=r"(?s)(trainer|rollouter) failed: ActorDiedError.*EngineReplica"):
-        run_pipeline(tmp_path, tiny_model_dir, data_files, "rollout.total_rollout_steps=400", "data.max_response_length=48")
+        # Enough epochs that the run is still generating when the replica dies, however fast the machine.
+        run_pipeline(tmp_path, tiny_model_dir, data_files, "rollout.total_epochs=100", "rollout.total_rollout_steps=800",
+                     "data.max_response_length=48")
     killer.join(timeout=10)
 
 

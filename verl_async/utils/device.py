@@ -89,7 +89,12 @@ class DeviceSpec:
 
 
 def resolve(kind: str, index: int | None = None) -> DeviceSpec:
-    """The device of `kind` for this process; fails clearly when it is missing."""
+    """The device of `kind` ("cuda", or "cuda:1" as torch writes it) for this process; fails clearly when missing."""
+    if ":" in kind:  # a torch device string: engines are handed str(torch.device)
+        kind, _, number = kind.partition(":")
+        if not number.isdigit():
+            raise ValueError(f"device index must be a non-negative integer, got {number!r}")
+        index = int(number) if index is None else index
     check_kind(kind)
     if kind == "npu":
         _import_torch_npu()
