@@ -124,6 +124,15 @@ def test_worker_extension_joins_receives_and_loads_on_every_tp_rank():
     w = _Worker(0)
     assert w.verl_async_load_bucket(list(tensors.items())) == 3
     assert torch.equal(w.model_runner.model.loaded["model.norm.weight"], tensors["model.norm.weight"])
+    # as the engine sends it: packed triples, which vLLM's msgpack hands over as lists
+    from verl_async.rollout.vllm_worker import pack_tensor
+
+    odd = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "empty": torch.empty(0, 4), "scalar": torch.tensor(2.5)}
+    wire = [[name, *pack_tensor(t)] for name, t in {**tensors, **odd}.items()]
+    assert w.verl_async_load_bucket(wire) == 6
+    for name, t in {**tensors, **odd}.items():
+        got = w.model_runner.model.loaded[name]
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t), name
     with pytest.raises(RuntimeError, match="before join"):
         w.verl_async_receive_weights(plan_to_wire(plan))
 

@@ -532,6 +532,12 @@ class CollectiveSync:
         self._wait(refs, f"forming the {self.backend} sync group of {self._world} ranks")
         return time.perf_counter() - t0
 
+    def replan(self, bucket_bytes: int) -> None:
+        """New bucket size for the next pushes, keeping the formed group (re-forming one costs a rendezvous)."""
+        self.bucket_bytes = int(bucket_bytes)
+        if self._plan is not None:
+            self._plan = self.worker_group.weight_sync_plan(self.bucket_bytes)
+
     # -------------------------------------------------------------- one sync
     def transfer(self, version: int) -> dict[str, Any]:
         """Move all buckets to every engine rank (generation must be paused); returns sender/receiver results."""

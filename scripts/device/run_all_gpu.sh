@@ -62,6 +62,8 @@ for name in ("ray", "hydra", "tensordict", "vllm"):
         print(name, "NOT importable:", type(exc).__name__, str(exc)[:300])
 PY
       ;;
+    check1)  # the 1 trainer GPU + 1 native replica sync check alone (bit-exact + speed), ~70 s
+      run check_sync_1x1 150 $PY scripts/check_sync_gpu.py --trainer-gpus 1 --replicas 1 --out "$OUT/sync_gpu_1x1.json" ;;
     check)
       run check_sync_1x1 150 $PY scripts/check_sync_gpu.py --trainer-gpus 1 --replicas 1 --out "$OUT/sync_gpu_1x1.json"
       if [ "$NGPU" -ge 4 ]; then
@@ -73,7 +75,7 @@ PY
         -q -rs -m "gpu or multigpu or vllm" --timeout 250 \
         tests/test_sync_collective.py tests/test_vllm_engine.py tests/trainer/test_trainer_gpu.py ;;
     bench)
-      run "bench_${NGPU}gpu_$(engine)" 580 $PY scripts/bench_async.py --device cuda --gpus "$NGPU" --engine "$(engine)" \
+      run "bench_${NGPU}gpu_$(engine)" "${BENCH_LIMIT:-580}" $PY scripts/bench_async.py --device cuda --gpus "$NGPU" --engine "$(engine)" \
         --configs "${CONFIGS:-sync,s0_p1,s0.5_p1,s1_p1,s0_p0,s0.5_p0,s1_p0}" --work-dir /tmp/bench_async_runs \
         --out "$OUT/bench_async_${NGPU}gpu_$(engine)_${CONFIGS_TAG:-all}.json" ${BENCH_ARGS:-}
       tar czf "$OUT/timelines_${NGPU}gpu_${CONFIGS_TAG:-all}.tar.gz" -C /tmp/bench_async_runs \

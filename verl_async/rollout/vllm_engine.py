@@ -280,10 +280,11 @@ class VLLMEngine(InferenceEngine):
     async def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:
         """Object-store path: each bucket (pairs or dict) goes to every worker via collective_rpc."""
         from verl_async.rollout.native.weights import _as_bucket
+        from verl_async.rollout.vllm_worker import pack_tensor
 
         await self.start()
         for index, item in enumerate(named_tensors):
-            bucket = [(name, t.detach().cpu().contiguous()) for name, t in _as_bucket(item, index)]
+            bucket = [(name, *pack_tensor(t)) for name, t in _as_bucket(item, index)]
             await self.llm.collective_rpc("verl_async_load_bucket", timeout=self.sync_timeout_s, args=(bucket,))
         await self._after_load(version)
 

@@ -18,6 +18,20 @@ import torch
 from verl_async.sync_collective import WeightSyncGroup, plan_from_wire, receive_buckets
 
 
+def pack_tensor(t: torch.Tensor) -> tuple[str, list[int], bytes]:
+    """(dtype, shape, raw bytes): what survives vLLM's untyped msgpack of collective_rpc args unchanged
+    (a bare tensor there arrives as a plain list on the GPU worker)."""
+    t = t.detach().cpu().contiguous()
+    return str(t.dtype).removeprefix("torch."), list(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def unpack_tensor(dtype: str, shape: Sequence[int], data: bytes) -> torch.Tensor:
+    kind = getattr(torch, dtype)
+    if not data:
+        return torch.empty(tuple(shape), dtype=kind)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(kind).reshape(tuple(shape))
+
+
 class WeightSyncWorkerExtension:
     verl_async_group: Optional[WeightSyncGroup] = None
 
@@ -52,10 +66,13 @@ class WeightSyncWorkerExtension:
         return {"checksums": checksums, "seconds": time.perf_counter() - t0, "tensors": tensors,
                 "rank": int(self.rank)}  # type: ignore[attr-defined]
 
-    def verl_async_load_bucket(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Object-store path: one bucket of host tensors (sent through collective_rpc) into the model."""
+    def verl_async_load_bucket(self, bucket: Iterable[Sequence[Any]]) -> int:
+        """Object-store path: one bucket of `pack_tensor` triples (or tensors) sent through collective_rpc."""
         device = getattr(self, "device", None)
-        items = [(name, t.to(device) if device is not None else t) for name, t in bucket]
+        items = []
+        for name, *payload in bucket:
+            t = payload[0] if len(payload) == 1 and isinstance(payload[0], torch.Tensor) else unpack_tensor(*payload)
+            items.append((name, t.to(device) if device is not None else t))
         self.verl_async_model().load_weights(items)
         return len(items)
 
