@@ -3,9 +3,7 @@
 import asyncio
 import json
 import math
-import random
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

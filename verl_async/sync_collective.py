@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 
 from verl_async.sync import SyncError
+from verl_async.utils.waiting import WaitTimeout, finished_in_turn
 
 logger = logging.getLogger("verl_async.sync")
 
@@ -489,25 +490,18 @@ class CollectiveSync:
         """Wait for named refs; the first failure or the deadline raises SyncError naming who and what."""
         import ray
 
-        deadline = time.monotonic() + self.timeout_s
-        name_of = {ref: name for name, ref in refs.items()}
-        pending = list(refs.values())
         out: dict[str, Any] = {}
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                names = sorted(name_of[r] for r in pending)
-                self._broken = f"{what} timed out on {names}"
-                raise SyncError(f"parameter sync: {what} did not finish on {names} within {self.timeout_s:.0f}s "
-                                f"(a sync-group member is dead or stuck)")
-            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-            for ref in ready:
+        try:
+            for name, ref, left in finished_in_turn(refs, self.timeout_s):
                 try:
-                    out[name_of[ref]] = ray.get(ref, timeout=max(1.0, left))
+                    out[name] = ray.get(ref, timeout=left)
                 except Exception as exc:  # noqa: BLE001 - re-raised as SyncError naming the member
-                    self._broken = f"{name_of[ref]} failed in {what}"
-                    raise SyncError(f"parameter sync: {name_of[ref]} failed in {what}: "
-                                    f"{type(exc).__name__}: {exc}") from exc
+                    self._broken = f"{name} failed in {what}"
+                    raise SyncError(f"parameter sync: {name} failed in {what}: {type(exc).__name__}: {exc}") from exc
+        except WaitTimeout as late:
+            self._broken = f"{what} timed out on {late.pending}"
+            raise SyncError(f"parameter sync: {what} did not finish on {late.pending} within {self.timeout_s:.0f}s "
+                            f"(a sync-group member is dead or stuck)") from None
         return out
 
     # -------------------------------------------------------------- group

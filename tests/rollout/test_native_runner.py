@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 
-import pytest
 import torch
 
 from verl_async.models import load_causal_lm

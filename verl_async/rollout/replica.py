@@ -13,7 +13,6 @@ import uuid
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import ray
-import torch
 
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.registry import build_engine_from_config

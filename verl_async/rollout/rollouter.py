@@ -22,7 +22,7 @@ import os
 import time
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Iterable, Optional, Protocol, Sequence
+from typing import Any, Iterable, Optional, Protocol, Sequence
 
 import torch
 

@@ -54,7 +54,6 @@ a new one (e.g. from the last checkpoint).
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator, Mapping, Optional
 
 import torch
@@ -74,6 +73,7 @@ from verl_async.trainer.checkpoint import checkpoint_dir, mark_latest, rotate_ch
 from verl_async.trainer.fsdp_worker import FSDPWorker
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.utils import device as device_layer
+from verl_async.utils.waiting import WaitTimeout, finished_in_turn
 
 # Host CPUs reserved per rank: tiny on CPU (tests and demo share a small machine).
 _CPU_PER_RANK = {"cpu": 0.2, "cuda": 1.0, "npu": 1.0}
@@ -188,28 +188,21 @@ class RayWorkerGroup:
             raise WorkerGroupError(f"{self.name}: unusable after an earlier failure ({self._broken}); "
                                    f"shutdown() and build a new group")
         timeout = self.settings.worker_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        rank_of = {ref: i for i, ref in enumerate(refs)}
         results: dict[int, Any] = {}
-        pending = list(refs)
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                ranks = sorted(rank_of[r] for r in pending)
-                self._broken = f"{what} timed out on ranks {ranks}"
-                raise WorkerGroupError(f"{self.name}: {what} did not finish on ranks {ranks} within {timeout:.0f}s "
-                                       f"(trainer.worker_timeout_s)")
-            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-            for ref in ready:
-                rank = rank_of[ref]
+        try:
+            for rank, ref, left in finished_in_turn(dict(enumerate(refs)), timeout):
                 try:
-                    results[rank] = ray.get(ref, timeout=max(1.0, left))
+                    results[rank] = ray.get(ref, timeout=left)
                 except ray.exceptions.RayActorError as exc:
                     self._broken = f"rank {rank} died during {what}"
                     raise WorkerGroupError(f"{self.name}: worker rank {rank} died during {what}: {exc}") from exc
                 except ray.exceptions.RayTaskError:
                     self._broken = f"rank {rank} raised in {what}"
                     raise  # also an instance of the worker's exception class (ValueError, ...)
+        except WaitTimeout as late:
+            self._broken = f"{what} timed out on ranks {late.pending}"
+            raise WorkerGroupError(f"{self.name}: {what} did not finish on ranks {late.pending} within {timeout:.0f}s "
+                                   f"(trainer.worker_timeout_s)") from None
         return [results[i] for i in range(len(refs))]
 
     def _call(self, method: str, *args, **kwargs) -> list:

@@ -1,0 +1,33 @@
+"""Waiting on many Ray refs under one deadline, so a dead or stuck actor fails the caller instead of hanging it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Hashable, Iterator, Mapping
+
+
+class WaitTimeout(Exception):
+    """The deadline passed; `pending` names the refs that had not finished (sorted)."""
+
+    def __init__(self, pending: list) -> None:
+        super().__init__(f"not finished: {pending}")
+        self.pending = pending
+
+
+def finished_in_turn(refs: Mapping[Hashable, Any], timeout_s: float) -> Iterator[tuple[Hashable, Any, float]]:
+    """Yield (key, ref, seconds left) as each ref finishes; raise WaitTimeout at the deadline.
+
+    The caller `ray.get`s each ref itself, so that it can name the failing member in its own words.
+    """
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    key_of = {ref: key for key, ref in refs.items()}
+    pending = list(refs.values())
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(sorted(key_of[r] for r in pending))
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in ready:
+            yield key_of[ref], ref, max(1.0, deadline - time.monotonic())
