@@ -273,6 +273,18 @@ def test_gloo_sync_with_ray_actors_is_bit_exact(trainer_and_replicas):
     assert m2["timing_s/sync_group_init"] == 0.0
     assert ray.get(side.state.remote(), timeout=30) == (2, 2)
     assert all(got["loaded_checksums"] == reference for got in sync.last["receivers"].values())
+    # a new bucket size keeps the group
+    sync.replan(1 << 30)
+    m3 = sync.push(3)
+    assert m3["timing_s/sync_group_init"] == 0.0 and m3["sync/buckets"] == 1.0
+    # close() leaves on every member at once; a new group forms afterwards
+    sync.close()
+    again = build_sync("gloo", group, side, bucket_bytes=bucket, timeout_s=60, verify=True)
+    m4 = again.push(4)
+    assert m4["timing_s/sync_group_init"] > 0.0
+    assert ray.get(side.state.remote(), timeout=30) == (4, 4)
+    assert all(got["loaded_checksums"] == reference for got in again.last["receivers"].values())
+    again.close()
 
 
 def test_dead_replica_fails_with_a_clear_error(trainer_and_replicas):
@@ -281,14 +293,14 @@ def test_dead_replica_fails_with_a_clear_error(trainer_and_replicas):
 
     group, side = trainer_and_replicas
     sync = build_sync("gloo", group, side, bucket_bytes=64 << 10, timeout_s=8)
-    sync.push(3)
+    sync.push(5)
     ray.get(side.kill_replica.remote(1), timeout=30)
     t0 = time.monotonic()
     with pytest.raises(SyncError, match=r"rollouter failed|did not finish"):
-        sync.push(4)
+        sync.push(6)
     assert time.monotonic() - t0 < 30
     with pytest.raises(SyncError, match="unusable"):
-        sync.push(5)
+        sync.push(7)
 
 
 @pytest.mark.slow

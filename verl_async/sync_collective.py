@@ -584,12 +584,18 @@ class CollectiveSync:
         return out
 
     def close(self) -> None:
-        """Leave the group on every member (best effort)."""
+        """Leave the group on every member at once (best effort).
+
+        At once, not one side after the other: tearing down an NCCL communicator can wait for
+        its peers, and on 4 H200s a close that waited for the engines before telling the
+        trainer hung until the call limit (bench/RESULTS.md, GPU runs).
+        """
         if self._plan is None:
             return
         try:
-            self._wait({"rollouter": self.rollouter.leave_weight_sync.remote()}, "leaving the sync group")
-            self.worker_group.leave_weight_sync()
+            refs = {f"trainer rank {r}": ref for r, ref in enumerate(self.worker_group.leave_weight_sync_async())}
+            refs["rollouter"] = self.rollouter.leave_weight_sync.remote()
+            self._wait(refs, "leaving the sync group")
         except Exception as exc:  # noqa: BLE001 - closing after a failure must not mask it
             logger.warning("weight sync group close: %s", exc)
         self._plan = None

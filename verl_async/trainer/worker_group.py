@@ -368,6 +368,9 @@ class RayWorkerGroup:
             raise WorkerGroupError(f"{self.name}: unusable after an earlier failure ({self._broken})")
         return [w.send_weights.remote(plan, double_buffer, verify, dtype) for w in self.workers]
 
+    def leave_weight_sync_async(self) -> list:
+        return [self.workers[0].leave_weight_sync.remote()]
+
     def leave_weight_sync(self) -> None:
         self._call_one(0, "leave_weight_sync")
 
