@@ -107,9 +107,9 @@ def overrides_for(name: str, args: argparse.Namespace, model: str, data: str, ru
     else:
         s, p = name[1:].split("_p")
         staleness, partial = float(s), p == "1"
-    half = max(1, args.gpus // 2)
-    train_gpus = args.gpus if sync else half
-    rollout_gpus = args.gpus if sync else args.gpus - half
+    split = args.train_gpus or max(1, args.gpus // 2)
+    train_gpus = args.gpus if sync else split
+    rollout_gpus = args.gpus if sync else args.gpus - split
     if args.device == "cpu":
         transport = "object_store" if sync else "gloo"
     else:
@@ -328,6 +328,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--gpus", type=int, default=4, help="GPUs in total (split half/half for the async runs)")
+    p.add_argument("--train-gpus", type=int, default=None,
+                   help="trainer GPUs of the async runs (default half; the rest generate), e.g. 1 of 4")
     p.add_argument("--engine", choices=("vllm", "native"), default="vllm")
     p.add_argument("--tiny", action="store_true", help="tiny model and workload (CPU smoke check)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {CONFIGS}")
@@ -363,6 +365,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     bad = [c for c in configs if c not in CONFIGS]
     if bad:
         p.error(f"unknown --configs {bad}; choose from {CONFIGS}")
+    if args.train_gpus is not None and not 1 <= args.train_gpus < args.gpus:
+        p.error(f"--train-gpus {args.train_gpus}: the async runs need 1..{args.gpus - 1} of the --gpus {args.gpus}")
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     args.work_dir = args.work_dir or os.path.join(out_dir, "bench_async_runs")
