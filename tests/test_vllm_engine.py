@@ -120,13 +120,13 @@ def test_worker_extension_joins_receives_and_loads_on_every_tp_rank():
         assert out[rank]["checksums"] == out["sent"]["checksums"] and out[rank]["tensors"] == 3
         for name, t in tensors.items():
             assert torch.equal(w.model_runner.model.loaded[name], t)
-    # object-store path: one bucket of host tensors through collective_rpc
-    w = _Worker(0)
-    assert w.verl_async_load_bucket(list(tensors.items())) == 3
-    assert torch.equal(w.model_runner.model.loaded["model.norm.weight"], tensors["model.norm.weight"])
-    # as the engine sends it: packed triples, which vLLM's msgpack hands over as lists
+    # object-store path: one bucket of packed host tensors through collective_rpc
     from verl_async.rollout.vllm_worker import pack_tensor
 
+    w = _Worker(0)
+    assert w.verl_async_load_bucket([(name, *pack_tensor(t)) for name, t in tensors.items()]) == 3
+    assert torch.equal(w.model_runner.model.loaded["model.norm.weight"], tensors["model.norm.weight"])
+    # vLLM's msgpack hands the rows over as lists; odd dtypes and shapes survive the packing
     odd = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "empty": torch.empty(0, 4), "scalar": torch.tensor(2.5)}
     wire = [[name, *pack_tensor(t)] for name, t in {**tensors, **odd}.items()]
     assert w.verl_async_load_bucket(wire) == 6

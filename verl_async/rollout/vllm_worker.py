@@ -67,11 +67,11 @@ class WeightSyncWorkerExtension:
                 "rank": int(self.rank)}  # type: ignore[attr-defined]
 
     def verl_async_load_bucket(self, bucket: Iterable[Sequence[Any]]) -> int:
-        """Object-store path: one bucket of `pack_tensor` triples (or tensors) sent through collective_rpc."""
+        """Object-store path: one bucket of (name, *`pack_tensor`) rows sent through collective_rpc."""
         device = getattr(self, "device", None)
         items = []
-        for name, *payload in bucket:
-            t = payload[0] if len(payload) == 1 and isinstance(payload[0], torch.Tensor) else unpack_tensor(*payload)
+        for name, *packed in bucket:
+            t = unpack_tensor(*packed)
             items.append((name, t.to(device) if device is not None else t))
         self.verl_async_model().load_weights(items)
         return len(items)

@@ -371,9 +371,6 @@ class RayWorkerGroup:
     def leave_weight_sync_async(self) -> list:
         return [self.workers[0].leave_weight_sync.remote()]
 
-    def leave_weight_sync(self) -> None:
-        self._call_one(0, "leave_weight_sync")
-
     def iter_weights(self, bucket_bytes: int = 256 << 20, dtype: Optional[str] = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full CPU tensor) pairs, one bucket in memory at a time."""
         for ref in self.weight_bucket_refs(bucket_bytes, dtype):
