@@ -17,12 +17,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
+from verl_async.models.names import BUILTIN_MODELS, is_gguf
 
 Check = Callable[[DictConfig], None]
 CHECKS: List[Check] = []
 
 BUILTIN_PREFIX = "builtin://"
-BUILTIN_MODELS = ("tiny",)
 
 
 def check(fn: Check) -> Check:
@@ -228,6 +228,9 @@ def model_paths(cfg: DictConfig) -> None:
         if path.startswith(BUILTIN_PREFIX):
             if path[len(BUILTIN_PREFIX):] not in BUILTIN_MODELS:
                 raise ConfigError(key, f"unknown built-in model {path!r}; known: " + ", ".join(BUILTIN_PREFIX + m for m in BUILTIN_MODELS))
+        elif is_gguf(path):
+            if not os.path.isfile(os.path.expanduser(path)):
+                raise ConfigError(key, f"no such GGUF file: {path}")
         elif _has_scheme(path):
             raise ConfigError(key, f"{path!r}: remote paths are not supported; use a local folder or an HF id")
         elif _looks_local(path) or os.path.exists(os.path.expanduser(path)):

@@ -1,13 +1,24 @@
-"""Model and tokenizer loading (HF id or local path) and the tiny test/demo model."""
+"""Model and tokenizer loading (HF id, local folder, GGUF file, builtin://) and the tiny demo model.
 
-from verl_async.models.loading import apply_override_config, load_causal_lm, load_hf_config, load_tokenizer
-from verl_async.models.tiny import build_char_tokenizer, build_tiny_model_dir
+Attributes load lazily so that `verl_async.models.names` (used by config validation) does
+not import torch.
+"""
 
-__all__ = [
-    "apply_override_config",
-    "build_char_tokenizer",
-    "build_tiny_model_dir",
-    "load_causal_lm",
-    "load_hf_config",
-    "load_tokenizer",
-]
+import importlib
+
+_EXPORTS = {
+    "apply_override_config": "verl_async.models.loading",
+    "load_causal_lm": "verl_async.models.loading",
+    "load_hf_config": "verl_async.models.loading",
+    "load_tokenizer": "verl_async.models.loading",
+    "build_char_tokenizer": "verl_async.models.tiny",
+    "build_tiny_model_dir": "verl_async.models.tiny",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'verl_async.models' has no attribute {name!r}")

