@@ -364,6 +364,7 @@ class RewardModelConfig:
     launch_reward_fn_async: bool
     timeout_s: float = rule(gt=0)
     num_workers: int = rule(ge=1)
+    gsm8k_method: str = rule(choices=("strict", "flexible"))
     reward_kwargs: Dict[str, Any]
 
 

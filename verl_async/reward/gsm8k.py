@@ -5,6 +5,10 @@ instruction); `flexible` takes the last number anywhere. Only the last 300
 characters are searched: the answer sits at the end, and a regex over a 10 MB
 response must stay cheap. The comparison is verl's plain string equality after
 removing `,` and `$`; the preprocessor already stores ground truths that way.
+
+One deliberate difference from verl: `flexible` normalises the number it finds the way
+`strict` does (commas removed) and drops a trailing period, so "The answer is 12." and
+"1,200" count; verl compares "12." / "1,200" with the ground truth and scores 0.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ def extract_solution(solution_str: str, method: str = "strict") -> Optional[str]
         return found[-1].replace(",", "").replace("$", "") if found else None
     for candidate in reversed(_NUMBER.findall(tail)):
         if candidate not in ("", "."):
-            return candidate
+            return candidate.replace(",", "").rstrip(".")
     return None
 
 

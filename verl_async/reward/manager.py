@@ -78,6 +78,7 @@ class RewardManager:
         overlong: Optional[OverlongBuffer] = None,
         timeout_s: float = 5.0,
         num_workers: int = 1,
+        scorer_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
         log_first: int = 10,
         log_every: int = 100,
     ) -> None:
@@ -90,6 +91,7 @@ class RewardManager:
         self.custom_fn = custom_fn
         self.custom_kwargs = dict(custom_kwargs or {})
         self.overlong = overlong
+        self.scorer_options = {name: dict(opts) for name, opts in (scorer_options or {}).items()}
         self.timeout_s = float(timeout_s)
         self.pool = ScorerPool(num_workers)
         self.stats = RewardStats()
@@ -102,8 +104,8 @@ class RewardManager:
         kwargs = dict(data_source=data_source, solution_str=text, ground_truth=ground_truth, extra_info=extra_info)
         if self.custom_fn is not None:
             return Task(self.custom_fn, {**kwargs, **self.custom_kwargs}), False
-        bounded = resolve_scorer(data_source).bounded  # raises on an unknown data_source
-        return Task(_DEFAULT_FN, kwargs), bounded
+        spec = resolve_scorer(data_source)  # raises on an unknown data_source
+        return Task(_DEFAULT_FN, {**kwargs, **self.scorer_options.get(spec.name, {})}), spec.bounded
 
     def score_texts(
         self,
@@ -255,4 +257,5 @@ def build_reward_manager(
         overlong=overlong,
         timeout_s=float(rm.get("timeout_s", 5.0)),
         num_workers=int(rm.get("num_workers", 1)),
+        scorer_options={"gsm8k": {"method": str(rm.get("gsm8k_method", "strict"))}},
     )

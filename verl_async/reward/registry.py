@@ -32,10 +32,10 @@ class ScorerSpec:
     bounded: bool
 
 
-def _gsm8k(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None) -> dict:
+def _gsm8k(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, method: str = "strict") -> dict:
     from verl_async.reward import gsm8k
 
-    score = gsm8k.compute_score(solution_str, str(ground_truth))
+    score = gsm8k.compute_score(solution_str, str(ground_truth), method=method)
     return {"score": score, "acc": float(score == 1.0)}
 
 
@@ -65,6 +65,7 @@ _BUILTIN = ScorerSpec("builtin", _builtin, bounded=True)
 
 SCORERS: dict[str, ScorerSpec] = {
     "openai/gsm8k": _GSM8K,
+    "verl_async/arithmetic": _GSM8K,  # data_preprocess/arithmetic.py
     "lighteval/MATH": _MATH,
     "DigitalLearningGmbH/MATH-lighteval": _MATH,
     "HuggingFaceH4/MATH-500": _MATH,
@@ -88,10 +89,13 @@ def resolve_scorer(data_source: str) -> ScorerSpec:
 
 
 def default_compute_score(
-    data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, **options: Any
 ) -> dict:
-    """verl's dispatch: score `solution_str` with the scorer registered for `data_source`."""
-    return resolve_scorer(data_source).fn(solution_str, ground_truth, extra_info)
+    """verl's dispatch: score `solution_str` with the scorer registered for `data_source`.
+
+    `options` are that scorer's settings from the config (e.g. gsm8k's `method`).
+    """
+    return resolve_scorer(data_source).fn(solution_str, ground_truth, extra_info, **options)
 
 
 def to_score_dict(raw: Any) -> dict[str, float]:
