@@ -1,4 +1,4 @@
-"""A tiny random Qwen2 model with a locally built tokenizer: tests and the CPU demo.
+"""Tiny random models (Qwen2 by default; Qwen3, Llama, Mistral) with a locally built tokenizer: tests and the CPU demo.
 
 Nothing here touches the hub. The tokenizer is byte-level (any UTF-8 text encodes;
 each byte is one token, no merges) with Qwen's chat special tokens and a Qwen-style
@@ -19,6 +19,15 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+# family -> (config class, model class) in transformers
+FAMILIES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+}
 
 
 def build_char_tokenizer():
@@ -56,18 +65,25 @@ def build_tiny_model_dir(
     tie_word_embeddings: bool = True,
     seed: int = 0,
     overwrite: bool = False,
+    family: str = "qwen2",
+    **config_kwargs,
 ) -> str:
-    """Write a random-weight Qwen2 model + tokenizer in `save_pretrained` layout; return the path.
+    """Write a random-weight model + tokenizer in `save_pretrained` layout; return the path.
 
-    Idempotent: an existing folder with a config is reused unless `overwrite`.
+    `family` is one of FAMILIES (the model families the README names: Qwen2, Qwen3, Llama,
+    Mistral), so each can be tested small; `config_kwargs` go to its config (e.g.
+    `sliding_window`). Idempotent: an existing folder with a config is reused unless `overwrite`.
     """
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; known: {sorted(FAMILIES)}")
+    config_cls, model_cls = (getattr(transformers, name) for name in FAMILIES[family])
     if not overwrite and os.path.exists(os.path.join(out_dir, "config.json")):
         return out_dir
     tok = build_char_tokenizer()
     vocab_size = ((len(tok) + 7) // 8) * 8
-    config = Qwen2Config(
+    config = config_cls(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,
@@ -81,9 +97,10 @@ def build_tiny_model_dir(
         pad_token_id=tok.pad_token_id,
         rope_theta=10000.0,
         torch_dtype="float32",
+        **config_kwargs,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)

@@ -14,7 +14,8 @@ from attending to each other:
   kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.9; its signature moved
   from `is_causal` to `window_size` and gained `scale`/`enable_gqa` later, all handled)
   with the same `cu_seqlens`; elsewhere (CPU, NPU, older torch) a per-sequence causal
-  sdpa loop.
+  sdpa loop. Sliding-window layers (Mistral, Qwen2 with `use_sliding_window`) keep their
+  window: the layer passes `sliding_window` and both paths apply it.
   Padded inputs (a 2D attention mask) go through transformers' sdpa path unchanged.
 
 `resolve_attn_implementation` picks one for `actor_rollout_ref.model.attn_implementation`.
@@ -64,25 +65,36 @@ def resolve_attn_implementation(requested: str, device: str) -> str:
     return requested
 
 
+def _window_mask(length: int, window: int, device: torch.device) -> torch.Tensor:
+    """Query i sees keys (i - window, i]: HF's sliding-window rule (masking_utils.sliding_window_overlay)."""
+    q = torch.arange(length, device=device)[:, None]
+    k = torch.arange(length, device=device)[None, :]
+    return (k <= q) & (k > q - window)
+
+
 def _causal_sdpa_loop(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
-                      scaling: Optional[float]) -> torch.Tensor:
-    """[1, H, N, D] inputs -> [1, N, H, D]; exact per-sequence causal attention (any device)."""
+                      scaling: Optional[float], sliding_window: Optional[int] = None) -> torch.Tensor:
+    """[1, H, N, D] inputs -> [1, N, H, D]; exact per-sequence causal (optionally sliding) attention, any device."""
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
     bounds = cu_seqlens.tolist()
-    outs = [
-        F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
-                                       scale=scaling)
-        for s, e in zip(bounds[:-1], bounds[1:])
-        if e > s
-    ]
+    outs = []
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        if e <= s:
+            continue
+        q, k, v = query[:, :, s:e], key[:, :, s:e], value[:, :, s:e]
+        if sliding_window and e - s > sliding_window:
+            mask = _window_mask(e - s, sliding_window, query.device)
+            outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling))
+        else:
+            outs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling))
     return torch.cat(outs, dim=2).transpose(1, 2)
 
 
 def _causal_varlen_cuda(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
-                        max_len: int, scaling: Optional[float]) -> torch.Tensor:
+                        max_len: int, scaling: Optional[float], sliding_window: Optional[int] = None) -> torch.Tensor:
     varlen_attn, params = _torch_varlen()
     q = query[0].transpose(0, 1)  # [N, H, D]
     k = key[0].transpose(0, 1)
@@ -92,8 +104,8 @@ def _causal_varlen_cuda(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         kwargs["scale"] = scaling
     if "is_causal" in params:  # torch 2.9/2.10; later versions express causality as a window
         kwargs["is_causal"] = True
-    else:
-        kwargs["window_size"] = (-1, 0)  # flash-attention's causal window
+    else:  # flash-attention's window: keys [i - left, i + right]
+        kwargs["window_size"] = (sliding_window - 1 if sliding_window else -1, 0)
     if k.shape[1] != q.shape[1]:
         if "enable_gqa" in params:
             kwargs["enable_gqa"] = True
@@ -117,14 +129,16 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
     if query.shape[0] != 1:
         raise ValueError(f"varlen attention expects one packed row, got batch {query.shape[0]}")
     max_len = kwargs.get("max_length_q")
+    # layers of sliding-window models get their window here (Mistral: every layer; Qwen2: sliding layers)
+    window = kwargs.get("sliding_window") or None
     kernel = _torch_varlen()
     default_scale = scaling is None or abs(scaling - query.shape[-1] ** -0.5) < 1e-9
     use_kernel = (query.is_cuda and kernel is not None and query.dtype in (torch.bfloat16, torch.float16)
-                  and (default_scale or "scale" in kernel[1]))
+                  and (default_scale or "scale" in kernel[1]) and (window is None or "window_size" in kernel[1]))
     if use_kernel:
-        out = _causal_varlen_cuda(query, key, value, cu_seqlens, int(max_len), scaling)
+        out = _causal_varlen_cuda(query, key, value, cu_seqlens, int(max_len), scaling, window)
     else:
-        out = _causal_sdpa_loop(query, key, value, cu_seqlens, scaling)
+        out = _causal_sdpa_loop(query, key, value, cu_seqlens, scaling, window)
     return out, None
 
 

@@ -343,6 +343,7 @@ class Trainer:
             diff = (old - batch["rollout_log_probs"]).abs()
             denom = mask.sum().clamp(min=1)
             metrics["mismatch/train_rollout_logprob_abs_diff"] = float((diff * mask).sum() / denom)
+            metrics["mismatch/train_rollout_logprob_abs_diff_max"] = float((diff * mask).max()) if mask.any() else 0.0
             r = batch["rollout_log_probs"] - old
             metrics["mismatch/k3_kl"] = float(((torch.exp(r) - r - 1) * mask).sum() / denom)
         else:
