@@ -10,7 +10,7 @@
 #                    MODE sync (staleness 0, sync every step, no partial rollout) or async (staleness 0.5, partial
 #                    rollout), e.g. train:async-1 train:sync-1. Same data, steps, loss and validation otherwise.
 # Each run: $OUT/NAME.log (console) and $OUT/NAME.tar.gz (tensorboard/, timeline.html, rollout/lengths.jsonl,
-# config.yaml). STEPS (default 40 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (5e-6) override.
+# config.yaml). STEPS (default 32 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (1e-5) override.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/real_model_out}
@@ -21,9 +21,9 @@ export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
 MODEL=builtin://smollm2-135m-instruct
 DATA=/tmp/data/arith
-STEPS=${STEPS:-40}
+STEPS=${STEPS:-32}
 TEST_FREQ=${TEST_FREQ:-8}
-LR=${LR:-5e-6}
+LR=${LR:-1e-5}
 status=0
 
 train() {  # train MODE SEED
