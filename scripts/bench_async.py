@@ -193,51 +193,6 @@ class GpuMemorySampler:
         self._thread.join(5)
 
 
-def union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Length of the union of intervals, clipped to [lo, hi]."""
-    total, end = 0.0, lo
-    for s, e in sorted((max(lo, s), min(hi, e)) for s, e in intervals):
-        if e <= s:
-            continue
-        if s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
-
-
-def timeline_metrics(run_dir: str) -> dict[str, float]:
-    from verl_async.utils.timeline import read_spans
-
-    spans = read_spans(os.path.join(run_dir, "timeline.jsonl"))
-    gen = [(s["start"], s["end"]) for s in spans if s["kind"] == "generate"]
-    train = [(s["start"], s["end"]) for s in spans if s["lane"].startswith("trainer") and s["kind"] in ("train", "logprob")]
-    wait = [(s["start"], s["end"]) for s in spans if s["lane"].startswith("trainer") and s["kind"] == "wait"]
-    sync = [(s["start"], s["end"]) for s in spans if s["kind"] == "sync"]
-    if not gen or not train:
-        raise RuntimeError(f"{run_dir}: no generate/train spans in timeline.jsonl")
-    lo = min(s for s, _ in gen)
-    hi = max(e for _, e in train)
-    wall = hi - lo
-    gen_busy, train_busy = union_length(gen, lo, hi), union_length(train, lo, hi)
-    tokens = sum(s["info"].get("tokens", 0) for s in spans if s["kind"] == "train" and s["lane"].startswith("trainer"))
-    return {
-        "wall_s": wall,
-        "gen_busy_s": gen_busy,
-        "train_busy_s": train_busy,
-        "sync_s": union_length(sync, lo, hi),
-        "trainer_wait_s": union_length(wait, lo, hi),
-        "trained_tokens": float(tokens),
-        "trained_tokens_per_s": tokens / wall,
-        "rollout_idle_ratio": 1.0 - gen_busy / wall,
-        "trainer_idle_ratio": 1.0 - train_busy / wall,
-        "pipeline_efficiency": max(gen_busy, train_busy) / wall,
-        "generated_tokens": float(sum(s["info"].get("tokens", 0) for s in spans if s["kind"] == "generate")),
-    }
-
-
 def tensorboard_means(run_dir: str, keys: tuple[str, ...]) -> dict[str, float]:
     from verl_async.utils.tb_read import read_scalars
 
@@ -268,6 +223,7 @@ def wait_for_free_gpus(limit_gib: float = 2.0, timeout: float = 60.0) -> None:
 # ------------------------------------------------------------------------------------- one run
 def run_one(name: str, args: argparse.Namespace, model: str, data: str) -> dict[str, Any]:
     from verl_async.pipeline import run
+    from verl_async.utils.timeline import timeline_metrics
 
     run_dir = os.path.join(args.work_dir, name)
     cfg = compose(overrides_for(name, args, model, data, run_dir), args.engine, args.device, args.max_num_seqs)

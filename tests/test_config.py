@@ -110,6 +110,18 @@ def test_derived_quantities():
     assert trainer_dp_size(meg) == 2
 
 
+def test_colocated_device_ids():
+    from verl_async.config.derived import colocated_device_ids
+    from verl_async.rollout.replica import replica_actor_options
+
+    base = ["rollout.colocate=true", "trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2"]
+    assert colocated_device_ids(check(base + ["trainer.device=cuda"])) == ["0", "1"]
+    assert colocated_device_ids(check(base)) is None  # cpu: nothing to share
+    assert colocated_device_ids(check(["trainer.device=cuda"])) is None
+    assert replica_actor_options("cuda", 1, colocated=True) == {"num_cpus": 1}  # the trainer holds the GPU
+    assert replica_actor_options("cuda", 2) == {"num_gpus": 2, "num_cpus": 1}
+
+
 def test_verl_fsdp_runs_as_fsdp2(caplog):
     reset_compat_warnings()
     with caplog.at_level(logging.WARNING, logger="verl_async.config"):
@@ -194,6 +206,12 @@ BAD = [
     (["debug.save_train_output='/tmp/o_{rollout_id}.pt'"], "debug.save_train_output", "{rank}"),
     (["async_training.sync_transport=nccl"], "async_training.sync_transport", "trainer.device=cuda"),
     (["async_training.sync_transport=hccl", "trainer.device=cuda"], "async_training.sync_transport", "trainer.device=npu"),
+    (["rollout.colocate=true", "trainer.device=cuda", "async_training.sync_transport=nccl"],
+     "async_training.sync_transport", "use object_store"),
+    (["rollout.colocate=true", "trainer.device=cuda", "rollout.n_gpus_per_node=2"], "rollout.colocate",
+     "rollout.n_gpus_per_node=2 must be <= trainer.n_gpus_per_node=1"),
+    (["rollout.colocate=true", "trainer.device=cuda", "trainer.nnodes=2"], "rollout.colocate", "single-node"),
+    (["rollout.colocate=maybe"], "rollout.colocate", "true or false"),
     (["actor_rollout_ref.actor.foo=1"], "actor_rollout_ref.actor.foo", "unknown key"),
     (["+data.bar=1"], "data.bar", "unknown key"),
     (["nosuchsection.x=1"], "nosuchsection", "unknown key"),

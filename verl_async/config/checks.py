@@ -210,6 +210,28 @@ def sync_transport(cfg: DictConfig) -> None:
         )
 
 
+@check
+def colocation(cfg: DictConfig) -> None:
+    """`rollout.colocate`: engines on the trainer's own devices of one node (NCCL/HCCL refuse two processes per device)."""
+    if not cfg.rollout.colocate or cfg.trainer.device == "cpu":
+        return
+    if cfg.trainer.nnodes != 1 or cfg.rollout.nnodes != 1:
+        raise ConfigError("rollout.colocate", "colocation is single-node: set trainer.nnodes=1 and rollout.nnodes=1")
+    rollout_devices, trainer_devices = cfg.rollout.n_gpus_per_node, cfg.trainer.n_gpus_per_node
+    if rollout_devices > trainer_devices:
+        raise ConfigError(
+            "rollout.colocate",
+            f"the engines share the trainer's devices: rollout.n_gpus_per_node={rollout_devices} must be <= "
+            f"trainer.n_gpus_per_node={trainer_devices}",
+        )
+    if cfg.async_training.sync_transport != "object_store":
+        raise ConfigError(
+            "async_training.sync_transport",
+            f"{cfg.async_training.sync_transport} cannot join two processes of one device (rollout.colocate=true); "
+            "use object_store",
+        )
+
+
 # --------------------------------------------------------------------------- files
 @check
 def data_files(cfg: DictConfig) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 
 def trainer_world_size(cfg: Any) -> int:
@@ -40,6 +40,16 @@ def rollout_replicas(cfg: Any) -> int:
     """Inference engine replicas: rollout devices / rollout tensor-parallel size."""
     devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
     return devices // cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+
+
+def colocated_device_ids(cfg: Any) -> Optional[list[str]]:
+    """`rollout.colocate=true` on an accelerator: the ids the replicas share with the trainer's ranks.
+
+    One node: the trainer's ranks hold devices 0..world-1 of it; replica i pins ids[i*tp:(i+1)*tp].
+    """
+    if not cfg.rollout.get("colocate", False) or cfg.trainer.device == "cpu":
+        return None
+    return [str(i) for i in range(cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node)]
 
 
 def uses_reference_policy(cfg: Any) -> bool:

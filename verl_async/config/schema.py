@@ -405,6 +405,7 @@ class TrainerConfig:
 class RolloutResourcesConfig:
     nnodes: int = rule(ge=1)
     n_gpus_per_node: int = rule(ge=1)
+    colocate: bool
     total_rollout_steps: Optional[int] = rule(gt=0)
     total_epochs: int = rule(ge=1)
     test_freq: int

@@ -30,7 +30,7 @@ COLOCATE_ENV = "VERL_ASYNC_COLOCATE_GPUS"
 
 
 def colocated_devices() -> Optional[list[str]]:
-    """Benchmark hook: physical accelerator ids the engine replicas share with the trainer ranks, or None.
+    """Benchmark hook (`rollout.colocate` is the user's key): accelerator ids shared with the trainer, or None.
 
     `scripts/bench_async.py` sets VERL_ASYNC_COLOCATE_GPUS=0,1,... for its synchronous colocated
     baseline. Replicas then ask Ray for no accelerator (the trainer ranks hold them) and replica i
@@ -54,13 +54,14 @@ class EngineReplica:
         override_config: Optional[Mapping[str, Any]] = None,
         index: int = 0,
         engine_overrides: Optional[Mapping[str, Any]] = None,
+        shared_devices: Optional[Sequence[str]] = None,
     ) -> None:
-        shared = colocated_devices()
+        shared = list(shared_devices or colocated_devices() or [])
         if shared and device != "cpu":  # before the first accelerator call of this process
             tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
             mine = shared[index * tp:(index + 1) * tp]
             if len(mine) < tp:
-                raise ValueError(f"{COLOCATE_ENV}={','.join(shared)} has no {tp} device(s) for replica {index}")
+                raise ValueError(f"shared devices {','.join(shared)} have no {tp} device(s) for replica {index}")
             os.environ[device_layer.visible_devices_env(device)] = ",".join(mine)
         spec = device_layer.resolve(device)
         spec.set_current()
@@ -175,9 +176,11 @@ class RemoteEngine(InferenceEngine):
         await self.handle.shutdown.remote()
 
 
-def replica_actor_options(device: str, tensor_parallel_size: int, cpu_share: float = 0.25) -> dict[str, Any]:
+def replica_actor_options(
+    device: str, tensor_parallel_size: int, cpu_share: float = 0.25, colocated: bool = False
+) -> dict[str, Any]:
     """Ray resources for one replica: its accelerators, or a small CPU share (never a big reservation)."""
-    if device != "cpu" and colocated_devices():
+    if device != "cpu" and (colocated or colocated_devices()):
         return {"num_cpus": 1}  # the devices are the trainer's; the replica pins its share itself
     if device == "cuda":
         return {"num_gpus": tensor_parallel_size, "num_cpus": 1}
@@ -196,11 +199,13 @@ def start_replicas(
     override_config: Optional[Mapping[str, Any]] = None,
     timeout_s: float = 600,
     engine_overrides: Optional[Sequence[Mapping[str, Any]]] = None,
+    shared_devices: Optional[Sequence[str]] = None,
 ) -> list[RemoteEngine]:
     """Start `count` replica actors and wait until each has loaded its model.
 
     `engine_overrides[i]`: engine keyword arguments for replica i only (P-DSR: a fast
-    replica's larger max_num_seqs).
+    replica's larger max_num_seqs). `shared_devices`: accelerator ids the replicas share with
+    the trainer (`rollout.colocate=true`); replica i pins ids[i*tp:(i+1)*tp] and asks Ray for none.
     """
     tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
     if engine_overrides is not None and len(engine_overrides) != count:
@@ -209,11 +214,13 @@ def start_replicas(
     run_tag = uuid.uuid4().hex[:8]  # names show up in `ray list actors` and let operators find a replica
     handles = [
         actor_cls.options(
-            max_concurrency=1000, name=f"verl_async_replica{i}_{run_tag}", **replica_actor_options(device, tp)
+            max_concurrency=1000, name=f"verl_async_replica{i}_{run_tag}",
+            **replica_actor_options(device, tp, colocated=bool(shared_devices)),
         ).remote(
             rollout_cfg, model_path, device, trust_remote_code=trust_remote_code,
             override_config=override_config, index=i,
             engine_overrides=engine_overrides[i] if engine_overrides is not None else None,
+            shared_devices=list(shared_devices) if shared_devices else None,
         )
         for i in range(count)
     ]

@@ -25,7 +25,7 @@ from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
-from verl_async.config.derived import max_required_samples, required_samples, rollout_replicas
+from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
 from verl_async.rollout.staleness import StalenessBudget
 from verl_async.sync_collective import EngineGroupEndpoint
 from verl_async.utils.timeline import Timeline
@@ -152,6 +152,7 @@ class RolloutService:
                 trust_remote_code=bool(model_cfg.trust_remote_code),
                 override_config=dict(model_cfg.override_config or {}),
                 engine_overrides=[{"max_num_seqs": c} for c in capacities],
+                shared_devices=colocated_device_ids(cfg),
             )
         self.engines = list(engines)
         self.sync_endpoint = EngineGroupEndpoint(self.engines)
