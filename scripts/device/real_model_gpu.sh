@@ -7,15 +7,16 @@
 #                    (builtin://smollm2-135m-instruct -> cached HF folder); arithmetic data (train 5000 / test 300);
 #                    GSM8K parquet from the carried .carry/gsm8k (made here by data_preprocess.gsm8k)
 #   engine           scripts/bench_engine.py on the real model (native engine, bf16, CUDA graphs) vs HF generate
+#                    ($STORE/engine_real_model.json, engine.log)
 #   train:NAME       one run of recipe.fully_async_main; NAME = MODE-SEED with MODE
 #                      sync   staleness 0, sync every step, no partial rollout       (arithmetic task)
 #                      async  staleness 0.5, partial rollout, sync every step        (arithmetic task)
 #                      gsm8k  like async, on GSM8K train with the real test split as validation
 #                    Same data, steps, loss and validation otherwise. Layout: 2+ GPUs -> 1 rollout GPU + 1 train
 #                    GPU, weights over NCCL; 1 GPU -> rollout.colocate=true (engine beside the trainer, object store).
-#   queue:A,B,...    start train:A, train:B ... one after another in the background (setsid: they outlive the
-#                    call while the machine is held), results in $STORE
-#   wait:SECONDS     wait for the queue (at most SECONDS), then copy the finished runs' archives to $OUT
+#   queue:P1,P2,...  run phases P1, P2 ... (e.g. train:sync-1,engine) one after another in the background
+#                    (setsid: they outlive the call while the machine is held), results in $STORE
+#   wait:SECONDS     wait for the queue (at most SECONDS), then copy what finished since the last wait to $OUT
 # Each run: $STORE/NAME.tar.gz (console.log, tensorboard/, timeline.jsonl/.html, rollout/, config.yaml).
 # STEPS (default 32 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (1e-5) override.
 set -uo pipefail
@@ -96,11 +97,12 @@ t0 = time.time()
 print("model", resolve_model_path("builtin://smollm2-135m-instruct"), f"converted in {time.time() - t0:.1f}s")
 PY
       python3 -m data_preprocess.arithmetic --local_dir $DATA --train_size 5000 --test_size 300 || status=1
-      mkdir -p $GSM8K && cp .carry/gsm8k/*.parquet $GSM8K/ 2>/dev/null || echo "no .carry/gsm8k: GSM8K runs unavailable" ;;
+      if [ -f .carry/gsm8k/train.parquet ]; then mkdir -p $GSM8K && cp .carry/gsm8k/*.parquet $GSM8K/; fi
+      [ -f $GSM8K/train.parquet ] || echo "no GSM8K parquet (carry .carry/gsm8k): gsm8k runs unavailable" ;;
     queue:*)
       runs=${phase#queue:}
       # shellcheck disable=SC2046
-      setsid nohup bash scripts/device/real_model_gpu.sh $(printf 'train:%s ' ${runs//,/ }) \
+      setsid nohup bash scripts/device/real_model_gpu.sh ${runs//,/ } \
         > "$STORE/queue.log" 2>&1 < /dev/null &
       echo $! > "$STORE/queue.pid"
       echo "queued: $runs (pid $(cat "$STORE/queue.pid"))" ;;
@@ -115,16 +117,16 @@ PY
         echo "--- $(basename "$d"): $(tr '\r' '\n' < "$d/console.log" | grep -a "training:" | tail -n 1 | cut -c1-150)"
         tr '\r' '\n' < "$d/console.log" | grep -aE "val/mean@1/acc|run failed|Error" | tail -n 3 | cut -c1-300
       done
-      for f in "$STORE"/*.tar.gz; do
+      for f in "$STORE"/*.tar.gz "$STORE"/*.json "$STORE"/engine.log; do
         [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"
       done
       ls "$OUT" ;;
     engine)
       dir=$(python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('$MODEL'))")
       timeout 240 python3 scripts/bench_engine.py --device cuda --model "$dir" --batches 1,16,64,128 \
-        --prompt-len 128 --median-len 128 --max-len 256 --hf-max-batch 64 --out "$OUT/engine_real_model.json" \
-        > "$OUT/engine.log" 2>&1 || status=1
-      tail -n 14 "$OUT/engine.log" ;;
+        --prompt-len 128 --median-len 128 --max-len 256 --hf-max-batch 64 --out "$STORE/engine_real_model.json" \
+        > "$STORE/engine.log" 2>&1 || status=1
+      tail -n 14 "$STORE/engine.log" ;;
     train:*)
       spec=${phase#train:}; train "${spec%-*}" "${spec##*-}" ;;
     *)
