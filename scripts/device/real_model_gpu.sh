@@ -37,12 +37,12 @@ LR=${LR:-1e-5}
 status=0
 
 train() {  # train MODE SEED
-  local mode=$1 seed=$2 name="$1-$2" extra data=$DATA resp=256 steps=$STEPS layout
+  local mode=$1 seed=$2 name="$1-$2" extra data=$DATA plen=${PROMPT_LEN:-256} resp=256 steps=$STEPS layout
   case "$mode" in
     sync)  extra="async_training.staleness_threshold=0 async_training.partial_rollout=false" ;;
     async) extra="async_training.staleness_threshold=0.5 async_training.partial_rollout=true" ;;
     gsm8k) extra="async_training.staleness_threshold=0.5 async_training.partial_rollout=true"
-           data=$GSM8K resp=${GSM8K_RESPONSE:-384} steps=${GSM8K_STEPS:-40} ;;
+           data=$GSM8K plen=${PROMPT_LEN:-400} resp=${GSM8K_RESPONSE:-384} steps=${GSM8K_STEPS:-40} ;;  # longest prompt: 268
     *) echo "unknown mode $mode (sync | async | gsm8k)" >&2; status=2; return ;;
   esac
   if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
@@ -56,7 +56,7 @@ train() {  # train MODE SEED
   # shellcheck disable=SC2086
   timeout --kill-after=15 "${TRAIN_LIMIT:-900}" python3 -m recipe.fully_async_main \
     actor_rollout_ref.model.path=$MODEL data.train_files=$data/train.parquet data.val_files=$data/test.parquet \
-    data.max_prompt_length=256 data.max_response_length=$resp data.seed=$seed trainer.seed=$seed \
+    data.max_prompt_length=$plen data.max_response_length=$resp data.seed=$seed trainer.seed=$seed \
     trainer.device=cuda trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 $layout \
     actor_rollout_ref.rollout.name=native actor_rollout_ref.rollout.enforce_eager=false \
     actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.rollout.max_num_seqs=256 \
