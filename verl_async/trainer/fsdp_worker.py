@@ -29,6 +29,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 
 from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
+from verl_async.trainer import offload
 from verl_async.trainer.attention import resolve_attn_implementation
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
 from verl_async.trainer.common import (
@@ -149,10 +150,7 @@ class FSDPWorker(RankBase):
             self.model.to(self.device.torch_device)
 
     def _move_optimizer(self, where: str | torch.device) -> None:
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor):
-                    state[key] = value.to(where, non_blocking=True)
+        offload.move_state(self.optimizer.state.values(), where)
 
     # ------------------------------------------------------------------ forward
     def _forward(self, model, inp: ModelInputs, *, with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:

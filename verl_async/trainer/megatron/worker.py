@@ -38,6 +38,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 
 from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
+from verl_async.trainer import offload
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_right_padded_inputs, gather_rows
 from verl_async.trainer.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.common import (
@@ -245,13 +246,8 @@ class MegatronWorker(RankBase):
             inner = getattr(sub, "optimizer", None)
             if inner is None:
                 continue
-            for group in inner.param_groups:
-                for p in group["params"]:
-                    p.data = p.data.to(where, non_blocking=True)
-            for state in inner.state.values():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor):
-                        state[key] = value.to(where, non_blocking=True)
+            offload.move_params((p for group in inner.param_groups for p in group["params"]), where)
+            offload.move_state(inner.state.values(), where)
 
     # ------------------------------------------------------------------ forward
     def _inputs(self, batch: TensorDict, rows: Sequence[int]) -> ModelInputs:
