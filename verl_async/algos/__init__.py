@@ -21,7 +21,7 @@ from .kl import KL_KINDS, kl_in_reward, kl_penalty
 from .logprob import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits, normalize_temperature
 from .losses import LOSS_AGG_MODES, agg_loss, global_batch_info, ppo_policy_loss
 from .packing import Pack, pack_sequences, unpack_sequences
-from .rollout_correction import rollout_correction
+from .rollout_correction import rollout_correction, vetoed_sequences
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -51,4 +51,5 @@ __all__ = [
     "scores_to_token_rewards",
     "spread",
     "unpack_sequences",
+    "vetoed_sequences",
 ]

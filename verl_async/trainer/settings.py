@@ -84,6 +84,7 @@ class RolloutCorrectionSettings:
     rs_lower: Optional[float] = None
     rs_upper: Optional[float] = None
     veto_threshold: Optional[float] = None
+    veto_rule: str = "old_prob"
     batch_normalize: bool = False
 
     def kwargs(self) -> dict[str, Any]:
