@@ -87,6 +87,27 @@ def unsupported_features(cfg: DictConfig) -> None:
         raise ConfigError("reward_model.enable", "model-based reward models are not supported; rewards are rule-based")
 
 
+# --------------------------------------------------------------------------- algorithm
+@check
+def old_log_probs_source(cfg: DictConfig) -> None:
+    """Rollout correction weighs exp(old - rollout): in bypass mode old IS rollout, every
+    weight is 1 and nothing is ever rejected or vetoed, so enabling it there is refused."""
+    at, actor = cfg.async_training, cfg.actor_rollout_ref.actor
+    if actor.use_rollout_log_probs != at.use_rollout_log_probs:
+        raise ConfigError(
+            "actor_rollout_ref.actor.use_rollout_log_probs",
+            f"{actor.use_rollout_log_probs} conflicts with async_training.use_rollout_log_probs="
+            f"{at.use_rollout_log_probs}; set async_training.use_rollout_log_probs (the actor key follows it)",
+        )
+    if actor.rollout_correction.enable and not derived.recomputes_old_log_probs(cfg):
+        raise ConfigError(
+            "actor_rollout_ref.actor.rollout_correction.enable",
+            "true needs recomputed old log-probs, but async_training.use_rollout_log_probs=true (bypass) trains "
+            "with the rollout's own log-probs as the old policy: every weight would be 1 and nothing rejected or "
+            "vetoed; set async_training.use_rollout_log_probs=false (or async_training.compute_prox_log_prob=true)",
+        )
+
+
 # --------------------------------------------------------------------------- batches
 def _dp_formula(cfg: DictConfig) -> str:
     world, mp = derived.trainer_world_size(cfg), derived.model_parallel_size(cfg)

@@ -75,6 +75,14 @@ def batch_metrics(groups: Sequence[RolloutSample], version: int, max_response_le
     return out
 
 
+def update_input(batch: TensorDict, recomputed: bool) -> TensorDict:
+    """The batch the worker group trains on. Its rollout correction and `mismatch/*` metrics
+    run whenever `rollout_log_probs` is present; in bypass mode (`recomputed` false) the
+    old log-probs ARE the rollout's, so they would log a mismatch of exactly 0 that was
+    never measured: the key is left out."""
+    return batch if recomputed else batch.exclude("rollout_log_probs")
+
+
 class Trainer:
     def __init__(
         self,
@@ -317,7 +325,7 @@ class Trainer:
             return metrics
         metrics.update(self.prepare_batch(batch))
         t1 = time.perf_counter()
-        metrics.update(self.wg.update(batch))
+        metrics.update(self.wg.update(update_input(batch, recomputes_old_log_probs(self.cfg))))
         t2 = time.perf_counter()
         self._save_train_output(batch, metrics)
         mask_tokens = int(batch["attention_mask"].sum())

@@ -1,0 +1,48 @@
+"""Config rules of the algorithm keys: nothing accepted may be silently without effect (issue 13)."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_async.config import ConfigError, compose, validate
+
+FSDP, MEGATRON = "fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer"
+RC = "actor_rollout_ref.actor.rollout_correction"
+
+
+def check(overrides, name=FSDP):
+    return validate(compose(name, overrides))
+
+
+# --------------------------------------------------------------------------- rollout correction (item 8)
+@pytest.mark.parametrize("name", [FSDP, MEGATRON])
+def test_rollout_correction_in_bypass_mode_is_refused_naming_both_keys(name):
+    with pytest.raises(ConfigError) as info:
+        check([f"{RC}.enable=true"], name)  # default: async_training.use_rollout_log_probs=true
+    assert info.value.key == f"{RC}.enable"
+    assert "async_training.use_rollout_log_probs" in info.value.reason
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("recompute", ["async_training.use_rollout_log_probs=false",
+                                       "async_training.compute_prox_log_prob=true"])
+def test_rollout_correction_with_recomputed_old_log_probs_is_valid(recompute):
+    # the GPU scripts' combination (scripts/device/real_model_gpu.sh)
+    cfg = check([recompute, f"{RC}.enable=true", f"{RC}.veto_threshold=1e-6"])
+    assert cfg.actor_rollout_ref.actor.rollout_correction.enable is True
+
+
+def test_actor_use_rollout_log_probs_follows_async_training():
+    assert check(["async_training.use_rollout_log_probs=false"]).actor_rollout_ref.actor.use_rollout_log_probs is False
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.use_rollout_log_probs: .*async_training"):
+        check(["actor_rollout_ref.actor.use_rollout_log_probs=false"])
+
+
+# --------------------------------------------------------------------------- veto (item 9)
+def test_veto_rule_choices_and_threshold_bounds():
+    assert check([])["actor_rollout_ref"]["actor"]["rollout_correction"]["veto_rule"] == "old_prob"
+    assert check([f"{RC}.veto_rule=ratio"]).actor_rollout_ref.actor.rollout_correction.veto_rule == "ratio"
+    with pytest.raises(ConfigError, match=rf"^{RC}\.veto_rule: unknown value 'prob'"):
+        check([f"{RC}.veto_rule=prob"])
+    with pytest.raises(ConfigError, match=rf"^{RC}\.veto_threshold: must be > 0"):
+        check([f"{RC}.veto_threshold=0"])
