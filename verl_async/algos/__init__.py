@@ -18,7 +18,13 @@ from .advantages import (
 from .balancing import greedy_partition, karmarkar_karp, partition_by_token_cap, spread
 from .decoupled import decoupled_ppo_loss
 from .kl import KL_KINDS, kl_in_reward, kl_penalty
-from .logprob import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits, normalize_temperature
+from .logprob import (
+    entropy_from_logits,
+    logprob_temperature,
+    logprobs_and_entropy,
+    logprobs_from_logits,
+    normalize_temperature,
+)
 from .losses import LOSS_AGG_MODES, agg_loss, global_batch_info, ppo_policy_loss
 from .packing import Pack, pack_sequences, unpack_sequences
 from .rollout_correction import rollout_correction, vetoed_sequences
@@ -40,6 +46,7 @@ __all__ = [
     "karmarkar_karp",
     "kl_in_reward",
     "kl_penalty",
+    "logprob_temperature",
     "logprobs_and_entropy",
     "logprobs_from_logits",
     "masked_whiten",

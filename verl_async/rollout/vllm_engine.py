@@ -7,7 +7,8 @@ import vLLM; constructing the engine does.
 Log-probs. vLLM runs with `logprobs_mode="processed_logprobs"` and every request asks for
 `logprobs=0` (the sampled token only): the value is `log_softmax(logits / T)` in float32,
 computed after temperature (greedy requests: T=1), which is our convention and what the
-trainer recomputes with the same `rollout.temperature` (the raw default would report T=1
+trainer recomputes with the same temperature (`rollout.temperature`; 1 for greedy
+`do_sample=false` rollouts: `algos.logprob_temperature`) (the raw default would report T=1
 log-probs for a T!=1 sample: verl issue #6240). One difference, documented in RESULTS.md:
 with top-k / top-p active vLLM's processed log-probs are renormalised over the kept tokens
 (`log p - log(kept mass)`, >= our value); with top_k=-1 and top_p=1 (the RL default) they
