@@ -46,3 +46,22 @@ def test_veto_rule_choices_and_threshold_bounds():
         check([f"{RC}.veto_rule=prob"])
     with pytest.raises(ConfigError, match=rf"^{RC}\.veto_threshold: must be > 0"):
         check([f"{RC}.veto_threshold=0"])
+
+
+# --------------------------------------------------------------------------- accepted keys have an effect (item 11)
+def test_adaptive_kl_control_needs_the_in_reward_kl():
+    with pytest.raises(ConfigError, match=r"^algorithm\.kl_ctrl\.type: adaptive .*algorithm\.use_kl_in_reward"):
+        check(["algorithm.kl_ctrl.type=adaptive"])
+    cfg = check(["algorithm.kl_ctrl.type=adaptive", "algorithm.use_kl_in_reward=true",
+                 "algorithm.kl_ctrl.target_kl=0.05", "algorithm.kl_ctrl.horizon=500"])
+    assert cfg.algorithm.kl_ctrl.type == "adaptive"
+
+
+@pytest.mark.parametrize("name", [FSDP, MEGATRON])
+@pytest.mark.parametrize("role", ["actor", "ref"])
+def test_ulysses_sequence_parallelism_is_refused(name, role):
+    with pytest.raises(ConfigError) as info:
+        check(["trainer.n_gpus_per_node=2", f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size=2"], name)
+    assert info.value.key == f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size"
+    assert "not implemented" in info.value.reason
+    assert check(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"], name)

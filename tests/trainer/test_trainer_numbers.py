@@ -9,7 +9,7 @@ import pytest
 import torch
 from trainer_helpers import compose_config
 
-from verl_async.algos import rollout_correction
+from verl_async.algos import adaptive_kl_coef, rollout_correction
 from verl_async.config import validate
 from verl_async.protocol import Response, RolloutSample
 from verl_async.trainer.trainer import Trainer
@@ -78,3 +78,39 @@ def test_recomputed_old_log_probs_log_the_measured_mismatch(tmp_path, tiny_model
     assert metrics["mismatch/train_rollout_logprob_abs_diff"] == pytest.approx(GAP, rel=1e-5)
     assert metrics["mismatch/k3_kl"] > 0
     assert "rollout_log_probs" in wg.update_keys[-1]
+
+
+# --------------------------------------------------------------------------- adaptive KL control (item 11)
+def test_adaptive_kl_coef_hand_values():
+    # err = clip(kl / target - 1, -0.2, 0.2); coef * (1 + err * n_steps / horizon)
+    assert adaptive_kl_coef(0.1, 0.11, target_kl=0.1, horizon=100, n_steps=8) == pytest.approx(0.1 * 1.008)
+    assert adaptive_kl_coef(0.1, 0.15, target_kl=0.1, horizon=100, n_steps=8) == pytest.approx(0.1 * 1.016)  # clipped
+    assert adaptive_kl_coef(0.1, 0.0, target_kl=0.1, horizon=100, n_steps=8) == pytest.approx(0.1 * 0.984)  # clipped
+    assert adaptive_kl_coef(0.1, 0.1, target_kl=0.1, horizon=100, n_steps=8) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="horizon"):
+        adaptive_kl_coef(0.1, 0.1, target_kl=0.1, horizon=0, n_steps=8)
+
+
+REF_GAP = 0.5  # the stand-in reference's log-probs are the old ones minus REF_GAP: k1 KL = 0.5 per token
+
+
+class KLWorkerGroup(StandInWorkerGroup):
+    def compute_ref_log_prob(self, batch):
+        return batch["rollout_log_probs"] - REF_GAP * batch["response_mask"]
+
+
+@pytest.mark.parametrize("kind", ["fixed", "adaptive"])
+def test_in_reward_kl_coefficient_follows_kl_ctrl(tmp_path, tiny_model_dir, kind):
+    trainer, _ = make_trainer(tmp_path, tiny_model_dir, "algorithm.use_kl_in_reward=true",
+                              f"algorithm.kl_ctrl.type={kind}", "algorithm.kl_ctrl.kl_coef=0.01",
+                              "algorithm.kl_ctrl.target_kl=0.1", "algorithm.kl_ctrl.horizon=20")
+    trainer.wg = KLWorkerGroup()
+    used = []
+    for step in range(3):
+        metrics = trainer.train_step(groups(seed=step))
+        assert metrics["critic/kl_in_reward"] == pytest.approx(REF_GAP)
+        used.append(metrics["critic/kl_in_reward_coef"])
+    # adaptive: KL 0.5 >> target 0.1 -> error clipped to +0.2; 4 responses a step, horizon 20: x1.04 per step
+    factor = 1.04 if kind == "adaptive" else 1.0
+    assert used == pytest.approx([0.01, 0.01 * factor, 0.01 * factor**2])
+    assert trainer.kl_coef == pytest.approx(0.01 * factor**3)

@@ -17,7 +17,7 @@ from .advantages import (
 )
 from .balancing import greedy_partition, karmarkar_karp, partition_by_token_cap, spread
 from .decoupled import decoupled_ppo_loss
-from .kl import KL_KINDS, kl_in_reward, kl_penalty
+from .kl import KL_KINDS, adaptive_kl_coef, kl_in_reward, kl_penalty
 from .logprob import (
     entropy_from_logits,
     logprob_temperature,
@@ -34,6 +34,7 @@ __all__ = [
     "KL_KINDS",
     "LOSS_AGG_MODES",
     "Pack",
+    "adaptive_kl_coef",
     "agg_loss",
     "compute_advantages",
     "compute_grpo_advantage",

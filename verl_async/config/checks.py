@@ -87,7 +87,35 @@ def unsupported_features(cfg: DictConfig) -> None:
         raise ConfigError("reward_model.enable", "model-based reward models are not supported; rewards are rule-based")
 
 
+@check
+def no_sequence_parallelism(cfg: DictConfig) -> None:
+    """The trainers have no Ulysses sequence parallelism: a size > 1 would only shrink the
+    data-parallel size (the batch arithmetic) while every rank still holds whole sequences."""
+    for role in ("actor", "ref"):
+        size = cfg.actor_rollout_ref[role].ulysses_sequence_parallel_size
+        if size != 1:
+            raise ConfigError(
+                f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
+                f"{size}: Ulysses sequence parallelism is not implemented (FSDP2 shards parameters only); set it to 1"
+                + (" (Megatron: use actor_rollout_ref.actor.megatron.context_parallel_size)"
+                   if cfg.actor_rollout_ref.actor.strategy == "megatron" else ""),
+            )
+
+
 # --------------------------------------------------------------------------- algorithm
+@check
+def kl_control(cfg: DictConfig) -> None:
+    """kl_ctrl steers the in-reward KL coefficient only (verl); the KL loss has its own fixed
+    actor.kl_loss_coef. An adaptive controller with no in-reward KL would do nothing."""
+    algo = cfg.algorithm
+    if algo.kl_ctrl.type == "adaptive" and not algo.use_kl_in_reward:
+        raise ConfigError(
+            "algorithm.kl_ctrl.type",
+            "adaptive steers the in-reward KL coefficient, but algorithm.use_kl_in_reward=false; set "
+            "algorithm.use_kl_in_reward=true or kl_ctrl.type=fixed (the KL loss uses actor.kl_loss_coef, fixed)",
+        )
+
+
 @check
 def old_log_probs_source(cfg: DictConfig) -> None:
     """Rollout correction weighs exp(old - rollout): in bypass mode old IS rollout, every
