@@ -342,6 +342,7 @@ def test_choice_lists_match_the_implementations():
     assert S.LOSS_AGG_MODES == tuple(algos.LOSS_AGG_MODES)
     assert set(S.KL_TYPES) == set(algos.KL_KINDS)
     assert S.CORRECTION_LEVELS == rollout_correction.LEVELS and S.CORRECTION_MODES == rollout_correction.MODES
+    assert S.CORRECTION_VETO_RULES == rollout_correction.VETO_RULES
     assert S.TRUNCATIONS == tuple(data.TRUNCATION_MODES)
     assert S.REWARD_MANAGERS == tuple(reward.REWARD_MANAGERS)
 

@@ -146,6 +146,7 @@ class _FakeAsyncLLM:
         self.aborted: set[str] = set()
         self.worker = _Worker(0)
         self.calls: list[str] = []
+        self.reset_results: list = []  # what reset_prefix_cache returns next (then True, as vLLM >= 0.11)
 
     @classmethod
     def from_engine_args(cls, engine_args):
@@ -176,6 +177,7 @@ class _FakeAsyncLLM:
 
     async def reset_prefix_cache(self):
         self.calls.append("reset_prefix_cache")
+        return self.reset_results.pop(0) if self.reset_results else True
 
     def shutdown(self):
         self.calls.append("shutdown")
@@ -244,6 +246,34 @@ def test_vllm_engine_adapter_logic_with_a_stand_in_async_llm(fake_vllm):
         assert (await engine.weight_sync_ranks()) == 1 and engine.stats().generated_tokens >= 40
         await engine.shutdown()
         assert engine.llm is None
+
+    asyncio.run(main())
+
+
+def test_a_failed_prefix_cache_reset_fails_the_weight_load(fake_vllm, monkeypatch):
+    """vLLM returns False when it cannot reset (KV blocks in use): continuing requests could then
+    reuse KV of the old weights. Retried briefly, then the load fails and the version stays."""
+    from verl_async.rollout import vllm_engine
+    from verl_async.rollout.vllm_engine import PrefixCacheResetError, VLLMEngine
+
+    monkeypatch.setattr(vllm_engine, "PREFIX_RESET_RETRY_S", (0.0, 0.0))
+    bucket = [[("model.norm.weight", torch.ones(2))]]
+
+    async def main():
+        engine = VLLMEngine.from_config({"name": "vllm", "max_model_len": 64, "free_cache_engine": True},
+                                        model_path="/m", device="cuda")
+        await engine.start()
+        engine.llm.reset_results = [False, False, False]
+        with pytest.raises(PrefixCacheResetError, match="v5 .*3 attempts"):
+            await engine.update_weights(bucket, 5)
+        assert engine.version == 0 and engine.llm.calls.count("reset_prefix_cache") == 3
+        engine.llm.reset_results = [False, True]  # freed a moment later: the load succeeds
+        await engine.update_weights(bucket, 6)
+        assert engine.version == 6 and engine.llm.calls.count("reset_prefix_cache") == 5
+        engine.llm.reset_results = [None]  # a vLLM whose reset reports nothing: accepted (warned once)
+        await engine.update_weights(bucket, 7)
+        assert engine.version == 7
+        await engine.shutdown()
 
     asyncio.run(main())
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async.algos import rollout_correction
+from verl_async.algos import rollout_correction, vetoed_sequences
 
 E = math.e
 OLD = torch.zeros(2, 3)
@@ -58,10 +58,52 @@ def test_rejection_sampling_at_sequence_level():
     assert torch.equal(m, torch.tensor([[1, 0, 0], [1, 1, 0]]))
 
 
-def test_veto_drops_whole_sequence():
-    _, m, met = rollout_correction(OLD, ROLLOUT, MASK, veto_threshold=math.exp(-0.5))
+def test_veto_ratio_rule_drops_whole_sequence():
+    _, m, met = rollout_correction(OLD, ROLLOUT, MASK, veto_threshold=math.exp(-0.5), veto_rule="ratio")
     assert torch.equal(m, torch.tensor([[0, 0, 0], [1, 1, 0]]))  # row 0 holds r = -1 < -0.5
     assert met["veto_frac"] == pytest.approx(1 / 2)
+
+
+# Old-policy probabilities of each token (hand-picked), rollout log-probs equal to them except
+# row 1, token 0, where the engine found the token far likelier than the trainer (ratio 1e-3).
+VETO_OLD_P = [[0.5, 1e-7, 0.9], [1e-3, 0.5, 1e-9], [0.2, 0.3, 0.4]]  # row 1, token 2 is padding
+VETO_MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]])
+
+
+def _veto_case():
+    old = torch.tensor(VETO_OLD_P, dtype=torch.float64).log()
+    rollout = old.clone()
+    rollout[1, 0] = math.log(1.0)  # ratio pi_old / pi_rollout = 1e-3
+    return old, rollout
+
+
+def test_veto_default_rule_is_the_old_policy_probability():
+    """DESIGN.md / reference 004: veto a sequence holding a token with pi_old < threshold."""
+    old, rollout = _veto_case()
+    _, m, met = rollout_correction(old, rollout, VETO_MASK, veto_threshold=1e-6)
+    # row 0: p = 1e-7 < 1e-6 -> vetoed although its ratio is exactly 1;
+    # row 1: smallest valid p = 1e-3 (the 1e-9 is padding) -> kept although its ratio is 1e-3
+    assert torch.equal(m, torch.tensor([[0, 0, 0], [1, 1, 0], [1, 1, 1]]))
+    assert met["veto_frac"] == pytest.approx(1 / 3)
+    assert met["rejected_token_frac"] == pytest.approx(3 / 8)
+
+
+def test_veto_ratio_rule_looks_at_the_ratio_only():
+    old, rollout = _veto_case()
+    _, m, met = rollout_correction(old, rollout, VETO_MASK, veto_threshold=1e-2, veto_rule="ratio")
+    # row 0: ratios all 1 -> kept despite p = 1e-7; row 1: ratio 1e-3 < 1e-2 -> vetoed
+    assert torch.equal(m, torch.tensor([[1, 1, 1], [0, 0, 0], [1, 1, 1]]))
+    assert met["veto_frac"] == pytest.approx(1 / 3)
+
+
+def test_vetoed_sequences_threshold_is_strict():
+    old = torch.tensor([[math.log(0.25), math.log(0.5)], [math.log(0.5), math.log(0.5)]])
+    valid = torch.ones(2, 2, dtype=torch.bool)
+    zero = torch.zeros(2, 2)
+    assert vetoed_sequences(old, zero, valid, 0.25).tolist() == [False, False]  # p == threshold: kept
+    assert vetoed_sequences(old, zero, valid, 0.3).tolist() == [True, False]
+    assert vetoed_sequences(old, zero, valid, 0.6).tolist() == [True, True]
+    assert vetoed_sequences(old, zero, valid, 0.6, "ratio").tolist() == [False, False]  # ratio 1 everywhere
 
 
 def test_batch_normalize():
@@ -111,6 +153,7 @@ def test_all_zero_mask_defined():
         ({"lower": 3.0, "upper": 2.0}, "lower"),
         ({"upper": 0.0}, "upper"),
         ({"veto_threshold": 0.0}, "veto_threshold"),
+        ({"veto_threshold": 1e-6, "veto_rule": "prob"}, "veto_rule"),
     ],
 )
 def test_bad_options(kwargs, match):

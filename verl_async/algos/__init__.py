@@ -17,17 +17,24 @@ from .advantages import (
 )
 from .balancing import greedy_partition, karmarkar_karp, partition_by_token_cap, spread
 from .decoupled import decoupled_ppo_loss
-from .kl import KL_KINDS, kl_in_reward, kl_penalty
-from .logprob import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits, normalize_temperature
+from .kl import KL_KINDS, adaptive_kl_coef, kl_in_reward, kl_penalty
+from .logprob import (
+    entropy_from_logits,
+    logprob_temperature,
+    logprobs_and_entropy,
+    logprobs_from_logits,
+    normalize_temperature,
+)
 from .losses import LOSS_AGG_MODES, agg_loss, global_batch_info, ppo_policy_loss
 from .packing import Pack, pack_sequences, unpack_sequences
-from .rollout_correction import rollout_correction
+from .rollout_correction import rollout_correction, vetoed_sequences
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "KL_KINDS",
     "LOSS_AGG_MODES",
     "Pack",
+    "adaptive_kl_coef",
     "agg_loss",
     "compute_advantages",
     "compute_grpo_advantage",
@@ -40,6 +47,7 @@ __all__ = [
     "karmarkar_karp",
     "kl_in_reward",
     "kl_penalty",
+    "logprob_temperature",
     "logprobs_and_entropy",
     "logprobs_from_logits",
     "masked_whiten",
@@ -51,4 +59,5 @@ __all__ = [
     "scores_to_token_rewards",
     "spread",
     "unpack_sequences",
+    "vetoed_sequences",
 ]

@@ -50,6 +50,18 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     return k2 - k2.detach() + value.detach()
 
 
+def adaptive_kl_coef(coef: float, current_kl: float, *, target_kl: float, horizon: int, n_steps: int) -> float:
+    """verl's AdaptiveKLController.update (Ziegler et al. 2019): the in-reward KL coefficient
+    after a step that measured `current_kl` over `n_steps` samples (verl: the batch's
+    responses). It moves by at most 20% * n_steps / horizon per step, towards keeping the
+    KL at `target_kl`: `coef * (1 + clip(current_kl / target_kl - 1, -0.2, 0.2) * n_steps / horizon)`.
+    """
+    if not target_kl > 0 or not horizon > 0 or n_steps < 0:
+        raise ValueError(f"need target_kl > 0, horizon > 0, n_steps >= 0; got {target_kl!r}, {horizon!r}, {n_steps!r}")
+    error = min(max(current_kl / target_kl - 1.0, -0.2), 0.2)
+    return float(coef) * (1.0 + error * n_steps / horizon)
+
+
 @torch.no_grad()
 def kl_in_reward(
     token_scores: torch.Tensor,

@@ -38,6 +38,17 @@ def normalize_temperature(temperature: float | None) -> float:
     return 1.0 if t == 0 else t
 
 
+def logprob_temperature(temperature: float | None, do_sample: bool = True) -> float:
+    """The temperature of a rollout's log-probs, the same for the engine and the trainer.
+
+    Greedy decoding (`do_sample=False`, or temperature 0) picks the argmax, which no
+    temperature changes, and engines report the model's own distribution (T=1: vLLM has
+    no other for a temperature-0 request). So greedy samples are recomputed at 1, not at
+    `rollout.temperature`, which then only applies when sampling.
+    """
+    return normalize_temperature(temperature) if do_sample else 1.0
+
+
 def _chunk_rows(chunk_size: int | None, vocab: int) -> int:
     if chunk_size is None:
         return max(1, DEFAULT_CHUNK_BYTES // (4 * max(vocab, 1)))

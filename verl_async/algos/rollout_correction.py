@@ -17,6 +17,9 @@ from ._checks import check_choice, check_finite, check_mask, check_same_shape, c
 
 LEVELS = ("token", "sequence", "geometric")
 MODES = ("truncate", "clip", "mask")
+# old_prob: DESIGN.md / slime (reference 004): a token the old policy itself finds almost impossible.
+# ratio: verl's rollout_token_veto_threshold: a token whose weight pi_old / pi_rollout is tiny.
+VETO_RULES = ("old_prob", "ratio")
 
 
 def _level_log_ratio(r: torch.Tensor, valid: torch.Tensor, level: str) -> torch.Tensor:
@@ -27,6 +30,23 @@ def _level_log_ratio(r: torch.Tensor, valid: torch.Tensor, level: str) -> torch.
     if level == "geometric":
         seq = seq / valid.sum(-1, keepdim=True).clamp(min=1).to(r.dtype)
     return seq.expand_as(r)
+
+
+def vetoed_sequences(
+    old_logp: torch.Tensor, log_ratio: torch.Tensor, valid: torch.Tensor, threshold: float, rule: str = "old_prob"
+) -> torch.Tensor:
+    """`[B]` bool: sequences holding a valid token below `threshold`.
+
+    `old_prob` (the default, DESIGN.md): `pi_old(token) < threshold`, i.e. `old_logp <
+    log(threshold)`; such a token makes any ratio with it in the denominator unstable.
+    `ratio` (verl): `pi_old / pi_rollout < threshold`, i.e. `log_ratio < log(threshold)`.
+    Padding (`valid` false) never vetoes.
+    """
+    check_choice("veto_rule", rule, VETO_RULES)
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"veto_threshold must be in (0, 1], got {threshold!r}")
+    x = old_logp if rule == "old_prob" else log_ratio
+    return (valid & (x < math.log(threshold))).any(-1)
 
 
 def _bounds(lower: float | None, upper: float | None, what: str) -> tuple[float, float]:
@@ -54,6 +74,7 @@ def rollout_correction(
     rs_lower: float | None = None,
     rs_upper: float | None = None,
     veto_threshold: float | None = None,
+    veto_rule: str = "old_prob",
     batch_normalize: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Importance weights, corrected loss mask and mismatch metrics.
@@ -68,8 +89,9 @@ def rollout_correction(
     `rs=True` (rejection sampling) drops, from the mask, tokens whose weight at
     `rs_level` (default `level`) lies outside [rs_lower, rs_upper] (default: the IS
     bounds); at sequence/geometric level that is the whole sequence. `veto_threshold`
-    drops every sequence holding a valid token with `r < log(veto_threshold)`
-    (a token the trainer finds far less likely than the engine did).
+    drops every sequence holding a valid token whose old-policy probability is below
+    it (`veto_rule="old_prob"`, DESIGN.md) or, with `veto_rule="ratio"` (verl), whose
+    ratio `pi_old / pi_rollout` is below it; see `vetoed_sequences`.
     `batch_normalize` divides the weights by their mean over kept tokens (token
     level) or kept sequences (sequence level); it refuses the geometric level.
 
@@ -82,6 +104,7 @@ def rollout_correction(
     check_choice("level", level, LEVELS)
     check_choice("mode", mode, MODES)
     rs_level = level if rs_level is None else check_choice("rs_level", rs_level, LEVELS)
+    check_choice("veto_rule", veto_rule, VETO_RULES)
     if batch_normalize and level == "geometric":
         raise ValueError("batch_normalize is not defined for level='geometric'; use level 'token' or 'sequence'")
     if veto_threshold is not None and not 0.0 < veto_threshold <= 1.0:
@@ -121,7 +144,7 @@ def rollout_correction(
     nonempty = valid.any(-1)
     num_seqs = int(nonempty.sum())
     if veto_threshold is not None:
-        vetoed = (valid & (r < math.log(veto_threshold))).any(-1)
+        vetoed = vetoed_sequences(old, r, valid, veto_threshold, veto_rule)
         metrics["veto_frac"] = float(vetoed.sum()) / max(num_seqs, 1)
         keep &= ~vetoed[:, None]
 

@@ -87,6 +87,55 @@ def unsupported_features(cfg: DictConfig) -> None:
         raise ConfigError("reward_model.enable", "model-based reward models are not supported; rewards are rule-based")
 
 
+@check
+def no_sequence_parallelism(cfg: DictConfig) -> None:
+    """The trainers have no Ulysses sequence parallelism: a size > 1 would only shrink the
+    data-parallel size (the batch arithmetic) while every rank still holds whole sequences."""
+    for role in ("actor", "ref"):
+        size = cfg.actor_rollout_ref[role].ulysses_sequence_parallel_size
+        if size != 1:
+            raise ConfigError(
+                f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
+                f"{size}: Ulysses sequence parallelism is not implemented (FSDP2 shards parameters only); set it to 1"
+                + (" (Megatron: use actor_rollout_ref.actor.megatron.context_parallel_size)"
+                   if cfg.actor_rollout_ref.actor.strategy == "megatron" else ""),
+            )
+
+
+# --------------------------------------------------------------------------- algorithm
+@check
+def kl_control(cfg: DictConfig) -> None:
+    """kl_ctrl steers the in-reward KL coefficient only (verl); the KL loss has its own fixed
+    actor.kl_loss_coef. An adaptive controller with no in-reward KL would do nothing."""
+    algo = cfg.algorithm
+    if algo.kl_ctrl.type == "adaptive" and not algo.use_kl_in_reward:
+        raise ConfigError(
+            "algorithm.kl_ctrl.type",
+            "adaptive steers the in-reward KL coefficient, but algorithm.use_kl_in_reward=false; set "
+            "algorithm.use_kl_in_reward=true or kl_ctrl.type=fixed (the KL loss uses actor.kl_loss_coef, fixed)",
+        )
+
+
+@check
+def old_log_probs_source(cfg: DictConfig) -> None:
+    """Rollout correction weighs exp(old - rollout): in bypass mode old IS rollout, every
+    weight is 1 and nothing is ever rejected or vetoed, so enabling it there is refused."""
+    at, actor = cfg.async_training, cfg.actor_rollout_ref.actor
+    if actor.use_rollout_log_probs != at.use_rollout_log_probs:
+        raise ConfigError(
+            "actor_rollout_ref.actor.use_rollout_log_probs",
+            f"{actor.use_rollout_log_probs} conflicts with async_training.use_rollout_log_probs="
+            f"{at.use_rollout_log_probs}; set async_training.use_rollout_log_probs (the actor key follows it)",
+        )
+    if actor.rollout_correction.enable and not derived.recomputes_old_log_probs(cfg):
+        raise ConfigError(
+            "actor_rollout_ref.actor.rollout_correction.enable",
+            "true needs recomputed old log-probs, but async_training.use_rollout_log_probs=true (bypass) trains "
+            "with the rollout's own log-probs as the old policy: every weight would be 1 and nothing rejected or "
+            "vetoed; set async_training.use_rollout_log_probs=false (or async_training.compute_prox_log_prob=true)",
+        )
+
+
 # --------------------------------------------------------------------------- batches
 def _dp_formula(cfg: DictConfig) -> str:
     world, mp = derived.trainer_world_size(cfg), derived.model_parallel_size(cfg)

@@ -41,6 +41,7 @@ MEGATRON_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 CORRECTION_LEVELS = ("token", "sequence", "geometric")
 CORRECTION_MODES = ("truncate", "clip", "mask")
+CORRECTION_VETO_RULES = ("old_prob", "ratio")  # == verl_async.algos.rollout_correction.VETO_RULES
 PDSR_CAP_MODES = ("l_cut", "probe")  # == verl_async.rollout.pdsr_policy.CAP_MODES
 
 
@@ -136,7 +137,8 @@ class RolloutCorrectionConfig:
     rs_level: Optional[str] = rule(choices=CORRECTION_LEVELS)
     rs_lower: Optional[float] = rule(ge=0)
     rs_upper: Optional[float] = rule(gt=0)
-    veto_threshold: Optional[float] = rule(ge=0, le=1)
+    veto_threshold: Optional[float] = rule(gt=0, le=1)
+    veto_rule: str = rule(choices=CORRECTION_VETO_RULES)
     batch_normalize: bool
 
 

@@ -6,8 +6,9 @@ replica actors). Implementations: `native` (torch, CPU/CUDA/NPU) and `vllm`.
 Log-prob convention (binding for every engine and the trainer): the log-prob of a
 sampled token is `log_softmax(logits / temperature)[token]`, computed in float32 from
 the model's logits; top-k / top-p filtering only restricts what may be sampled and
-is NOT renormalised into the reported log-prob. Greedy (temperature 0) reports
-`log_softmax(logits)` (temperature 1). The trainer recomputes exactly this.
+is NOT renormalised into the reported log-prob. Greedy (temperature 0, what
+`rollout.do_sample=false` sends) reports `log_softmax(logits)` (temperature 1). The
+trainer recomputes exactly this (`verl_async.algos.logprob_temperature`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ import vLLM; constructing the engine does.
 Log-probs. vLLM runs with `logprobs_mode="processed_logprobs"` and every request asks for
 `logprobs=0` (the sampled token only): the value is `log_softmax(logits / T)` in float32,
 computed after temperature (greedy requests: T=1), which is our convention and what the
-trainer recomputes with the same `rollout.temperature` (the raw default would report T=1
+trainer recomputes with the same temperature (`rollout.temperature`; 1 for greedy
+`do_sample=false` rollouts: `algos.logprob_temperature`) (the raw default would report T=1
 log-probs for a T!=1 sample: verl issue #6240). One difference, documented in RESULTS.md:
 with top-k / top-p active vLLM's processed log-probs are renormalised over the kept tokens
 (`log p - log(kept mass)`, >= our value); with top_k=-1 and top_p=1 (the RL default) they
@@ -24,7 +25,9 @@ member (`join_weight_sync` / `receive_weights`, see `vllm_worker.py`). Both load
 model's own `load_weights` (HF names; TP sharding and q/k/v, gate/up stacking are vLLM's).
 After a load, the prefix cache is reset when `free_cache_engine` is true (the default): KV
 computed by the old weights is never reused (fully async engines keep their KV memory; this
-is what the key means here).
+is what the key means here). vLLM reports a reset it could not do (False: blocks still held
+by a request); the reset is retried briefly, then the load fails with `PrefixCacheResetError`
+and the engine keeps its old version, rather than serve continuations from stale KV.
 """
 
 from __future__ import annotations
@@ -42,6 +45,41 @@ logger = logging.getLogger("verl_async.vllm")
 
 WORKER_EXTENSION = "verl_async.rollout.vllm_worker.WeightSyncWorkerExtension"
 _RATE_WINDOW_S = 5.0
+# Waits between prefix-cache reset attempts: an abort frees its KV blocks a scheduler step later.
+PREFIX_RESET_RETRY_S = (0.05, 0.2, 0.5, 1.0)
+
+
+class PrefixCacheResetError(RuntimeError):
+    """vLLM could not reset its prefix cache after a weight load: its KV may be the old weights'."""
+
+
+async def reset_prefix_cache(llm: Any, version: int, retry_s: Optional[Sequence[float]] = None) -> None:
+    """Reset vLLM's prefix cache after loading weights `version`, or raise PrefixCacheResetError.
+
+    vLLM's `reset_prefix_cache()` returns False when it could not reset (some KV blocks
+    still in use) and True when it did; releases that return None cannot say, which is
+    logged once.
+    """
+    retry_s = PREFIX_RESET_RETRY_S if retry_s is None else retry_s
+    for wait in (*retry_s, None):
+        ok = await llm.reset_prefix_cache()
+        if ok is None:
+            if not getattr(reset_prefix_cache, "_warned", False):
+                reset_prefix_cache._warned = True  # type: ignore[attr-defined]
+                logger.warning("this vLLM's reset_prefix_cache() reports no result: a failed reset cannot be detected")
+            return
+        if ok:
+            return
+        if wait is None:
+            break
+        logger.warning("vLLM could not reset its prefix cache after loading weights v%d (KV blocks in use); "
+                       "retrying in %.2fs", version, wait)
+        await asyncio.sleep(wait)
+    raise PrefixCacheResetError(
+        f"vLLM could not reset its prefix cache after loading weights v{version} ({len(retry_s) + 1} attempts): "
+        "continued requests could reuse KV computed under the old weights; a request still held KV blocks "
+        "during the weight sync"
+    )
 
 
 def engine_args_from_config(rollout_cfg: Mapping[str, Any], *, model_path: str, trust_remote_code: bool = False,
@@ -274,7 +312,7 @@ class VLLMEngine(InferenceEngine):
     # ------------------------------------------------------------------ weights
     async def _after_load(self, version: int) -> None:
         if self.free_cache_engine:
-            await self.llm.reset_prefix_cache()
+            await reset_prefix_cache(self.llm, int(version))  # raises: the version stays the old one
         self._version = int(version)
 
     async def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:

@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from verl_async.algos.logprob import logprob_temperature
+
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 LR_SCHEDULERS = ("constant", "cosine")
@@ -84,6 +86,7 @@ class RolloutCorrectionSettings:
     rs_lower: Optional[float] = None
     rs_upper: Optional[float] = None
     veto_threshold: Optional[float] = None
+    veto_rule: str = "old_prob"
     batch_normalize: bool = False
 
     def kwargs(self) -> dict[str, Any]:
@@ -245,7 +248,8 @@ class TrainerSettings:
             rollout_correction=RolloutCorrectionSettings(**{k: v for k, v in dict(rc).items()}),
             optim=optim,
             response_length=(int(g(f"{r}.response_length")) if g(f"{r}.response_length", None) else None),
-            temperature=float(g(f"{r}.temperature", 1.0)),
+            # greedy rollouts (do_sample=false) carry T=1 log-probs: recompute those
+            temperature=logprob_temperature(float(g(f"{r}.temperature", 1.0)), bool(g(f"{r}.do_sample", True))),
             log_prob_micro_batch_size_per_gpu=_positive(
                 f"{r}.log_prob_micro_batch_size_per_gpu", g(f"{r}.log_prob_micro_batch_size_per_gpu", 8)),
             log_prob_use_dynamic_bsz=bool(g(f"{r}.log_prob_use_dynamic_bsz", False)),

@@ -26,7 +26,13 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from verl_async.algos import compute_advantages, compute_reinforce_plus_plus_advantage, kl_in_reward, kl_penalty
+from verl_async.algos import (
+    adaptive_kl_coef,
+    compute_advantages,
+    compute_reinforce_plus_plus_advantage,
+    kl_in_reward,
+    kl_penalty,
+)
 from verl_async.algos.advantages import scores_to_token_rewards
 from verl_async.config.derived import recomputes_old_log_probs, required_samples, uses_reference_policy
 from verl_async.protocol import RolloutSample, collate_groups
@@ -75,6 +81,23 @@ def batch_metrics(groups: Sequence[RolloutSample], version: int, max_response_le
     return out
 
 
+def next_kl_coef(kl_ctrl: Any, coef: float, current_kl: float, n_steps: int) -> float:
+    """The in-reward KL coefficient of the next step (`algorithm.kl_ctrl`, verl semantics):
+    `fixed` keeps it; `adaptive` steers the measured KL towards `target_kl` over `horizon`."""
+    if str(kl_ctrl.type) == "fixed":
+        return coef
+    return adaptive_kl_coef(coef, current_kl, target_kl=float(kl_ctrl.target_kl), horizon=int(kl_ctrl.horizon),
+                            n_steps=n_steps)
+
+
+def update_input(batch: TensorDict, recomputed: bool) -> TensorDict:
+    """The batch the worker group trains on. Its rollout correction and `mismatch/*` metrics
+    run whenever `rollout_log_probs` is present; in bypass mode (`recomputed` false) the
+    old log-probs ARE the rollout's, so they would log a mismatch of exactly 0 that was
+    never measured: the key is left out."""
+    return batch if recomputed else batch.exclude("rollout_log_probs")
+
+
 class Trainer:
     def __init__(
         self,
@@ -99,6 +122,7 @@ class Trainer:
         self.trigger = int(cfg.async_training.trigger_parameter_sync_step)
         self.n = int(cfg.actor_rollout_ref.rollout.n)
         self.max_staleness = cfg.algorithm.get("max_staleness")
+        self.kl_coef = float(cfg.algorithm.kl_ctrl.kl_coef)  # in-reward KL; moves with kl_ctrl.type=adaptive
         self.test_freq = int(cfg.trainer.test_freq or -1)
         self.save_freq = int(cfg.trainer.save_freq or -1)
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
@@ -151,6 +175,8 @@ class Trainer:
             return 0
         extra = self.wg.load(path)
         self.version, self.step = int(extra["version"]), int(extra["step"])
+        if str(self.cfg.algorithm.kl_ctrl.type) == "adaptive":  # fixed: the configured value, even if changed
+            self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
         queued = extra.get("queue", [])
         ray.get(self.queue.restore.remote(queued), timeout=120)
         redo = ray.get(
@@ -208,6 +234,7 @@ class Trainer:
         extra = {
             "version": self.version,
             "step": self.step,
+            "kl_coef": self.kl_coef,
             "queue": ray.get(self.queue.snapshot.remote(), timeout=120),
             "rollouter": ray.get(self.rollouter.state_dict.remote(), timeout=120),
         }
@@ -317,7 +344,7 @@ class Trainer:
             return metrics
         metrics.update(self.prepare_batch(batch))
         t1 = time.perf_counter()
-        metrics.update(self.wg.update(batch))
+        metrics.update(self.wg.update(update_input(batch, recomputes_old_log_probs(self.cfg))))
         t2 = time.perf_counter()
         self._save_train_output(batch, metrics)
         mask_tokens = int(batch["attention_mask"].sum())
@@ -359,9 +386,11 @@ class Trainer:
         if bool(algo.use_kl_in_reward):
             token_rewards, mean_kl = kl_in_reward(
                 scores_to_token_rewards(scores, mask), old, batch["ref_log_prob"], mask,
-                kl_coef=float(algo.kl_ctrl.kl_coef), kind=str(algo.kl_penalty),
+                kl_coef=self.kl_coef, kind=str(algo.kl_penalty),
             )
             metrics["critic/kl_in_reward"] = mean_kl
+            metrics["critic/kl_in_reward_coef"] = self.kl_coef
+            self.kl_coef = next_kl_coef(algo.kl_ctrl, self.kl_coef, mean_kl, n_steps=int(mask.shape[0]))
             if str(algo.adv_estimator) == "reinforce_plus_plus":
                 adv = compute_reinforce_plus_plus_advantage(token_rewards, mask, gamma=float(algo.gamma))
                 batch["advantages"] = adv

@@ -23,7 +23,8 @@ plus the keys the call needs (all [B, T] float unless noted):
   (right-padded), `attention_mask` [B,P+T], `response_mask` [B,T].
 * update: the above plus `old_log_probs`, `advantages`, `group_index` [B] (long, the GRPO
   group of each row); `ref_log_prob` when `actor.use_kl_loss`; `rollout_log_probs` when
-  `actor.rollout_correction.enable` (its mismatch metrics are reported whenever present).
+  `actor.rollout_correction.enable` (its mismatch metrics are reported whenever present, so
+  the Trainer leaves it out in bypass mode, where old_log_probs are the rollout's).
 
 `update` metrics: actor/{pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, loss, grad_norm, lr,
 kl_loss (use_kl_loss), entropy (entropy_coeff != 0; else take it from

@@ -1,0 +1,67 @@
+"""Config rules of the algorithm keys: nothing accepted may be silently without effect (issue 13)."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_async.config import ConfigError, compose, validate
+
+FSDP, MEGATRON = "fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer"
+RC = "actor_rollout_ref.actor.rollout_correction"
+
+
+def check(overrides, name=FSDP):
+    return validate(compose(name, overrides))
+
+
+# --------------------------------------------------------------------------- rollout correction (item 8)
+@pytest.mark.parametrize("name", [FSDP, MEGATRON])
+def test_rollout_correction_in_bypass_mode_is_refused_naming_both_keys(name):
+    with pytest.raises(ConfigError) as info:
+        check([f"{RC}.enable=true"], name)  # default: async_training.use_rollout_log_probs=true
+    assert info.value.key == f"{RC}.enable"
+    assert "async_training.use_rollout_log_probs" in info.value.reason
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("recompute", ["async_training.use_rollout_log_probs=false",
+                                       "async_training.compute_prox_log_prob=true"])
+def test_rollout_correction_with_recomputed_old_log_probs_is_valid(recompute):
+    # the GPU scripts' combination (scripts/device/real_model_gpu.sh)
+    cfg = check([recompute, f"{RC}.enable=true", f"{RC}.veto_threshold=1e-6"])
+    assert cfg.actor_rollout_ref.actor.rollout_correction.enable is True
+
+
+def test_actor_use_rollout_log_probs_follows_async_training():
+    assert check(["async_training.use_rollout_log_probs=false"]).actor_rollout_ref.actor.use_rollout_log_probs is False
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.use_rollout_log_probs: .*async_training"):
+        check(["actor_rollout_ref.actor.use_rollout_log_probs=false"])
+
+
+# --------------------------------------------------------------------------- veto (item 9)
+def test_veto_rule_choices_and_threshold_bounds():
+    assert check([])["actor_rollout_ref"]["actor"]["rollout_correction"]["veto_rule"] == "old_prob"
+    assert check([f"{RC}.veto_rule=ratio"]).actor_rollout_ref.actor.rollout_correction.veto_rule == "ratio"
+    with pytest.raises(ConfigError, match=rf"^{RC}\.veto_rule: unknown value 'prob'"):
+        check([f"{RC}.veto_rule=prob"])
+    with pytest.raises(ConfigError, match=rf"^{RC}\.veto_threshold: must be > 0"):
+        check([f"{RC}.veto_threshold=0"])
+
+
+# --------------------------------------------------------------------------- accepted keys have an effect (item 11)
+def test_adaptive_kl_control_needs_the_in_reward_kl():
+    with pytest.raises(ConfigError, match=r"^algorithm\.kl_ctrl\.type: adaptive .*algorithm\.use_kl_in_reward"):
+        check(["algorithm.kl_ctrl.type=adaptive"])
+    cfg = check(["algorithm.kl_ctrl.type=adaptive", "algorithm.use_kl_in_reward=true",
+                 "algorithm.kl_ctrl.target_kl=0.05", "algorithm.kl_ctrl.horizon=500"])
+    assert cfg.algorithm.kl_ctrl.type == "adaptive"
+
+
+@pytest.mark.parametrize("name", [FSDP, MEGATRON])
+@pytest.mark.parametrize("role", ["actor", "ref"])
+def test_ulysses_sequence_parallelism_is_refused(name, role):
+    with pytest.raises(ConfigError) as info:
+        check(["trainer.n_gpus_per_node=2", f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size=2"], name)
+    assert info.value.key == f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size"
+    assert "not implemented" in info.value.reason
+    assert check(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"], name)
