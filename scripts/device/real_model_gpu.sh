@@ -18,7 +18,9 @@
 #                    (setsid: they outlive the call while the machine is held), results in $STORE
 #   wait:SECONDS     wait for the queue (at most SECONDS), then copy what finished since the last wait to $OUT
 # Each run: $STORE/NAME.tar.gz (console.log, tensorboard/, timeline.jsonl/.html, rollout/, config.yaml).
-# STEPS (default 32 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (1e-5) override.
+# STEPS (default 32 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (1e-5), PROMPT_LEN override;
+# ENGINE=vllm (runs named vllm-MODE-SEED; needs the vLLM parts .carry/p1 .carry/p2 from prepare_vllm.sh,
+# stashed like the model's) with VLLM_MEM (gpu_memory_utilization, default 0.3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/real_model_out}
@@ -50,6 +52,11 @@ train() {  # train MODE SEED
   else
     layout="rollout.colocate=true async_training.sync_transport=object_store"
   fi
+  local engine="actor_rollout_ref.rollout.name=native"
+  if [ "${ENGINE:-native}" = vllm ]; then  # vLLM beside the trainer: a bounded share of the GPU
+    name="vllm-$name"
+    engine="actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.gpu_memory_utilization=${VLLM_MEM:-0.3}"
+  fi
   local dir=/tmp/runs/$name t0=$SECONDS
   rm -rf "$dir" && mkdir -p "$dir"
   echo "=== train $name ($layout; limit ${TRAIN_LIMIT:-900}s)"
@@ -58,7 +65,7 @@ train() {  # train MODE SEED
     actor_rollout_ref.model.path=$MODEL data.train_files=$data/train.parquet data.val_files=$data/test.parquet \
     data.max_prompt_length=$plen data.max_response_length=$resp data.seed=$seed trainer.seed=$seed \
     trainer.device=cuda trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 $layout \
-    actor_rollout_ref.rollout.name=native actor_rollout_ref.rollout.enforce_eager=false \
+    $engine actor_rollout_ref.rollout.enforce_eager=false \
     actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.rollout.max_num_seqs=256 \
     actor_rollout_ref.rollout.seed=$seed \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.optim.lr=$LR \
@@ -82,11 +89,12 @@ train() {  # train MODE SEED
 for phase in "$@"; do
   case "$phase" in
     stash)
-      bash scripts/device/install_on_device.sh stash .carry/m1 .carry/m2 ;;
+      bash scripts/device/install_on_device.sh stash .carry/m1 .carry/m2 .carry/p1 .carry/p2 ;;
     setup)
-      bash scripts/device/install_on_device.sh stash .carry/m1 .carry/m2
+      bash scripts/device/install_on_device.sh stash .carry/m1 .carry/m2 .carry/p1 .carry/p2
       bash scripts/device/install_on_device.sh base >/dev/null || status=1
       bash scripts/device/install_on_device.sh model || status=1
+      if [ -f /root/.carry/SHA256 ]; then bash scripts/device/install_on_device.sh vllm || status=1; fi
       nvidia-smi -L
       python3 - <<'PY' 2>&1 | grep -v "it/s" | tee "$OUT/setup.log"
 import time, torch, transformers, ray
