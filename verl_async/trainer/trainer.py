@@ -205,11 +205,14 @@ class Trainer:
 
     def save_checkpoint(self) -> float:
         t0 = time.perf_counter()
+        # The Rollouter's pending prompts first, then the queue: a group put between the two calls
+        # is then in both (load_state_dict skips pending uids found in the queue), never in neither.
+        rollouter_state = ray.get(self.rollouter.state_dict.remote(), timeout=120)
         extra = {
             "version": self.version,
             "step": self.step,
             "queue": ray.get(self.queue.snapshot.remote(), timeout=120),
-            "rollouter": ray.get(self.rollouter.state_dict.remote(), timeout=120),
+            "rollouter": rollouter_state,
         }
         self.wg.save_checkpoint(str(self.cfg.trainer.default_local_dir), extra, step=self.version)
         return time.perf_counter() - t0
