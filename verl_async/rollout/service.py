@@ -209,7 +209,9 @@ class RolloutService:
             counters = await self.rollouter.run()
         finally:
             await self.queue.close.remote()
-        return asdict(counters)
+        out: dict[str, Any] = asdict(counters)
+        out["replicas_out"] = {str(i): why for i, why in sorted(self.rollouter.health.out.items())}
+        return out
 
     def stop(self) -> None:
         self.rollouter.stop()
