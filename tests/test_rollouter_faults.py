@@ -80,6 +80,7 @@ def test_failing_replica_leaves_the_rotation_and_the_run_completes():
     assert sorted(seen) == ALL
     assert list(ro.health.out) == [0] and ro.counters.replicas_out_of_rotation == 1
     assert "illegal memory access" in ro.health.out[0]
+    assert ro.counters.dropped_groups_engine_error == 0  # a failed request is retried on the other replica
     assert after_out.count(False) >= 3 and not any(after_out)  # nothing was sent to it once out
 
 

@@ -33,7 +33,7 @@ import os
 import time
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Optional, Protocol, Sequence
+from typing import Any, Collection, Iterable, Optional, Protocol, Sequence
 
 import torch
 
@@ -315,15 +315,18 @@ class Rollouter:
                          "(rollout/failed_prompts)", item.uid, item.attempts + 1, self.last_engine_error)
         self._poke()
 
-    def pick_engine(self, candidates: Optional[Sequence[int]] = None) -> int:
+    def pick_engine(self, candidates: Optional[Sequence[int]] = None, avoid: Collection[int] = ()) -> int:
         """The least loaded replica (requests / capacity) in rotation among `candidates` (all by default).
 
         When none of `candidates` is in rotation any serving replica is taken (P-DSR keeps running on
-        fewer replicas); when none serves at all the run fails with the replicas' own errors.
+        fewer replicas); when none serves at all the run fails with the replicas' own errors. A retry
+        `avoid`s the replicas that failed it while others serve: a replica that fails at once is always
+        the least loaded one and would draw every retry.
         """
         pool = self.health.serving(candidates)
         if not pool:
             raise self.health.failure()
+        pool = [i for i in pool if i not in avoid] or pool
         return min(pool, key=lambda i: self._requests_per_engine[i] / self.engine_capacity[i])
 
     def response_seed(self, item: PromptTask, i: int, prefix_len: int = 0) -> Optional[int]:
@@ -364,10 +367,11 @@ class Rollouter:
         if max_tokens is not None:
             sampling = replace(sampling, max_tokens=min(int(max_tokens), self.sampling.max_tokens))
         errors = 0
+        failed_on: set[int] = set()
         started = prefix.start_time if prefix else None
         while True:
             await self._open.wait()
-            idx = self.pick_engine(engines)
+            idx = self.pick_engine(engines, avoid=failed_on)
             request = GenerateRequest(
                 request_id=f"{item.uid}/{i}/{self._request_serial()}",
                 prompt_ids=item.prompt_ids,
@@ -393,6 +397,7 @@ class Rollouter:
                     raise self.health.failure()
             if result.error is not None:
                 errors += 1
+                failed_on.add(idx)
                 self.counters.engine_errors += 1
                 self.last_engine_error = f"replica {idx}: {result.error}"
                 logger.warning("engine error on %s (attempt %d): %s", request.request_id, errors, result.error)
