@@ -140,3 +140,21 @@ def test_finished_group_waits_with_its_put_while_paused():
         assert q.size() == 1
 
     within(go(), 10)
+
+
+def test_idle_on_an_exhausted_budget_is_measured():
+    """What the trainer's deadlock check reads: a budget slot that never came back, nothing in flight."""
+    ro, q = make(4, n=2, required=2, trigger=1, threshold=0.0)
+    ro.budget.started = ro.budget.limit  # two slots leaked
+
+    async def go():
+        task = asyncio.create_task(ro.run())
+        await asyncio.sleep(0.3)
+        idle = ro.idle_on_budget_s()
+        await ro.resume_after_sync(1)  # a sync frees the budget
+        assert ro.idle_on_budget_s() == 0.0
+        ro.stop()
+        await asyncio.wait_for(task, 10)
+        return idle
+
+    assert within(go(), 10) >= 0.25

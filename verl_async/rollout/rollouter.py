@@ -167,6 +167,7 @@ class Rollouter:
         self._idle.set()
         self._stop = False
         self._busy_since: Optional[float] = None
+        self._last_event = time.monotonic()  # a group started or ended, a sync reopened the budget
         self._failure: Optional[BaseException] = None
         self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
         self._serial = 0
@@ -231,7 +232,18 @@ class Rollouter:
             raise self._failure
 
     def _poke(self) -> None:
+        self._last_event = time.monotonic()
         self._changed.set()
+
+    def idle_on_budget_s(self) -> float:
+        """Seconds waited on an exhausted staleness budget with no group in flight (0: not so).
+
+        Only a weight sync frees the budget and only the trainer syncs: if the trainer waits
+        for groups all that time too, neither side can move (the trainer's deadlock check).
+        """
+        if self._next_item is None or self._inflight or self.budget.can_start() or not self._open.is_set():
+            return 0.0
+        return time.monotonic() - self._last_event
 
     def _admission_stalled(self, reason: str) -> None:
         """No group is admitted for now (reason: sync | budget | inflight | end); a policy that
@@ -245,6 +257,7 @@ class Rollouter:
         return len(self._inflight)
 
     def _start_group(self, item: PromptTask) -> None:
+        self._last_event = time.monotonic()
         self.budget.on_start()
         self.counters.started_groups += 1
         task = asyncio.create_task(self._run_group(item), name=f"group-{item.uid}")

@@ -263,6 +263,12 @@ class RolloutService:
     async def leave_weight_sync(self) -> None:
         await self.sync_endpoint.leave_weight_sync()
 
+    def budget_stall(self) -> dict[str, float]:
+        """How long the Rollouter has idled on its staleness budget (the trainer's deadlock check)."""
+        ro = self.rollouter
+        return {"idle_s": ro.idle_on_budget_s(), "started": float(ro.budget.started), "limit": float(ro.budget.limit),
+                "version": float(ro.version)}
+
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, float]:
         c = self.rollouter.counters
