@@ -158,3 +158,12 @@ def test_idle_on_an_exhausted_budget_is_measured():
         return idle
 
     assert within(go(), 10) >= 0.25
+
+
+def test_run_where_every_prompt_failed_is_an_engine_failure():
+    """Too few requests to put a replica out of rotation, every one failed: not a successful run of 0 groups."""
+    engines = [FakeEngine(fail_when=lambda r: True, error="out of memory")]
+    ro, q = make(2, n=2, required=2, trigger=1, threshold=0.0, max_consecutive_engine_failures=10**6,
+                 engine_list=engines)
+    with pytest.raises(EngineFailure, match=r"no group was generated: all 2 prompts failed.*out of memory"):
+        within(ro.run(), 10)

@@ -39,7 +39,7 @@ import torch
 
 from verl_async.protocol import Response, RolloutSample
 from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
-from verl_async.rollout.health import ReplicaHealth
+from verl_async.rollout.health import EngineFailure, ReplicaHealth
 from verl_async.rollout.staleness import StalenessBudget
 from verl_async.utils.timeline import Timeline
 
@@ -205,6 +205,10 @@ class Rollouter:
             await asyncio.wait([t for _, t in self._inflight.values()])
         if self._failure:
             raise self._failure
+        if self.counters.failed_prompts and not self.counters.finished_groups and not self._stop:
+            # fewer requests than it takes to put a replica out of rotation, all failed: still an engine failure
+            raise EngineFailure(f"no group was generated: all {self.counters.failed_prompts} prompts failed "
+                                f"after retries (last engine error: {self.last_engine_error})")
         return self.counters
 
     def _take(self) -> Optional[PromptTask]:
