@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -16,7 +16,19 @@ from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResu
 
 
 class FakeEngine(InferenceEngine):
-    def __init__(self, *, max_len: int = 12, token_delay: float = 0.001, seed: int = 0, fail_every: int = 0) -> None:
+    """`fail_every=k`: every k-th request fails; `fail_when(request)`: requests it picks fail (fault injection)."""
+
+    def __init__(
+        self,
+        *,
+        max_len: int = 12,
+        token_delay: float = 0.001,
+        seed: int = 0,
+        fail_every: int = 0,
+        fail_when: Optional[Callable[[GenerateRequest], bool]] = None,
+        error: str = "injected failure",
+        seeded: bool = False,
+    ) -> None:
         self.max_len = max_len
         self.token_delay = token_delay
         self.rng = random.Random(seed)
@@ -25,20 +37,27 @@ class FakeEngine(InferenceEngine):
         self._paused = asyncio.Event()
         self._paused.set()
         self.fail_every = fail_every
+        self.fail_when = fail_when
+        self.seeded = seeded  # True: a seeded request's length comes from its seed (same seed, same response)
+        self.error = error
         self.calls = 0
+        self.seeds: list[Optional[int]] = []  # sampling seed of every request, in order
         self.weights: dict[str, torch.Tensor] = {}
         self.generated = 0
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self.calls += 1
-        if self.fail_every and self.calls % self.fail_every == 0:
-            return GenerateResult(request.request_id, [], [], [], "abort", error="injected failure")
+        self.seeds.append(request.sampling.seed)
+        if (self.fail_every and self.calls % self.fail_every == 0) or (self.fail_when and self.fail_when(request)):
+            await asyncio.sleep(0)
+            return GenerateResult(request.request_id, [], [], [], "abort", error=self.error)
         abort = asyncio.Event()
         self._running[request.request_id] = abort
         tokens = list(request.prefix_token_ids)
         logps = list(request.prefix_log_probs)
         versions = list(request.prefix_versions)
-        target = self.rng.randint(1, self.max_len)
+        rng = random.Random(request.sampling.seed) if self.seeded and request.sampling.seed is not None else self.rng
+        target = rng.randint(1, self.max_len)
         if request.sampling.ignore_eos:  # run to max_tokens (scripted lengths: verl_async.rollout.scripted)
             target = 1 << 30
         try:

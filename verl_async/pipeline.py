@@ -20,6 +20,7 @@ from verl_async.models.loading import load_tokenizer
 from verl_async.queue import MessageQueue
 from verl_async.config.derived import max_required_samples, required_samples
 from verl_async.errors import PipelineError
+from verl_async.rollout.faults import FAIL_ENV
 from verl_async.rollout.service import RolloutService
 from verl_async.trainer.trainer import Trainer, load_rollout_groups
 from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
@@ -78,6 +79,7 @@ def ray_init(cfg: Any) -> bool:
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
         "PYTHONPATH": python_path,
+        **({FAIL_ENV: os.environ[FAIL_ENV]} if os.environ.get(FAIL_ENV) else {}),  # fault-injection drills
     }
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
@@ -103,6 +105,14 @@ def _root_cause(exc: BaseException) -> str:
     while getattr(cause, "cause", None) is not None:
         cause = cause.cause
     return f"{type(cause or exc).__name__}: {cause or exc}"
+
+
+def _get(what: str, ref: Any, timeout: float) -> Any:
+    """ray.get of one setup/teardown call; its failure becomes "run failed: <what> failed: <root cause>"."""
+    try:
+        return ray.get(ref, timeout=timeout)
+    except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
+        raise PipelineError(f"{what} failed: {_root_cause(exc)}") from exc
 
 
 def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show_progress: bool = True, total_steps: Optional[int] = None) -> dict[str, Any]:
@@ -182,11 +192,11 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
             cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id)
         )
         actors.append(trainer)
-        version = ray.get(trainer.restore.remote(), timeout=timeout)
-        ray.get(trainer.push_weights.remote(False), timeout=timeout)  # version `version` on every replica
+        version = _get("the resume", trainer.restore.remote(), timeout)
+        _get("the first weight sync", trainer.push_weights.remote(False), timeout)  # version `version` on every replica
         before = {}
         if rollouter is not None and bool(cfg.trainer.val_before_train):
-            before = ray.get(trainer.validate.remote(), timeout=timeout)
+            before = _get("the validation before training", trainer.validate.remote(), timeout)
             print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
         total_steps = None
         if rollouter is not None:
@@ -196,7 +206,9 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
         if rollouter is not None:
             refs["rollouter"] = rollouter.run.remote()
         results = wait_both(refs, trainer, {"trainer": trainer, "rollouter": rollouter}, total_steps=total_steps)
-        after = ray.get(trainer.finish.remote(), timeout=timeout) if rollouter is not None else {}
+        after = {}
+        if rollouter is not None:
+            after = _get("the final sync, validation and checkpoint", trainer.finish.remote(), timeout)
         if after:
             print(f"validation after training (version {results['trainer']['version']}): {_fmt(after)}", flush=True)
         return _summarise(run_dir, results, before, after, time.time() - run_start)
@@ -226,12 +238,21 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     timeline_path = os.path.join(run_dir, "timeline.jsonl")
     summary: dict[str, Any] = {"wall_s": wall, "run_dir": run_dir, "val_before": before, "val_after": after}
     summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items() if k != "validation"})
+    rollout = results.get("rollouter", {})
+    for key in ("failed_prompts", "retried_prompts", "dropped_groups_engine_error", "replicas_out"):
+        if key in rollout:
+            summary[f"rollout/{key}"] = rollout[key]
     if os.path.exists(timeline_path):
         spans = read_spans(timeline_path)
         html = render_timeline_html(spans, os.path.join(run_dir, "timeline.html"))
         summary["timeline"] = html
         summary["rollout_busy_fraction"] = busy_fraction(spans, "rollout/replica", ("generate",), wall)
         summary["trainer_busy_fraction"] = busy_fraction(spans, "trainer/driver", ("train", "logprob"), wall)
+    for index, why in rollout.get("replicas_out", {}).items():
+        print(f"warning: engine replica {index} was taken out of rotation: {why}", flush=True)
+    if rollout.get("failed_prompts"):
+        print(f"warning: {rollout['failed_prompts']} prompt(s) failed on every retry and were not trained "
+              f"(list: {os.path.join(run_dir, 'rollout', 'failed_prompts.jsonl')})", flush=True)
     print(
         f"done in {wall:.1f}s: {summary.get('trainer/steps', 0)} steps, version {summary.get('trainer/version', 0)}, "
         f"outputs in {run_dir} (tensorboard/, timeline.html, rollout/lengths.jsonl)",

@@ -411,6 +411,8 @@ class RolloutResourcesConfig:
     total_rollout_steps: Optional[int] = rule(gt=0)
     total_epochs: int = rule(ge=1)
     test_freq: int
+    max_prompt_retries: int = rule(ge=0)
+    max_consecutive_engine_failures: int = rule(ge=1)
 
 
 @schema

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 import ray
 
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
+from verl_async.rollout.faults import with_faults
 from verl_async.rollout.registry import build_engine_from_config
 from verl_async.sync_collective import EngineGroupEndpoint, engine_endpoint
 from verl_async.utils import device as device_layer
@@ -66,7 +67,7 @@ class EngineReplica:
         spec = device_layer.resolve(device)
         spec.set_current()
         self.index = index
-        self.engine = build_engine_from_config(
+        engine = build_engine_from_config(
             rollout_cfg,
             model_path=model_path,
             device=str(spec.torch_device),
@@ -74,6 +75,7 @@ class EngineReplica:
             override_config=override_config,
             **dict(engine_overrides or {}),
         )
+        self.engine = with_faults(engine, index)  # VERL_ASYNC_FAIL_REPLICAS (tests, drills); else unchanged
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await self.engine.generate(request)

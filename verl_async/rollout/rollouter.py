@@ -9,6 +9,17 @@ its `n` responses on the engine replicas, scores the group and puts ONE
   version that sampled it);
 * `partial_rollout=False`: no new requests start and the in-flight ones finish first.
 
+Finished groups wait with their put until the sync ends, so a checkpoint taken while
+paused sees each group either in the queue or among the pending prompts.
+
+Faults (README "Troubleshooting"): a request that fails is retried
+(`MAX_ENGINE_RETRIES`); a group with a response that still failed is dropped, gives its
+staleness slot back, and its prompt is generated again later, at most
+`max_prompt_retries` times, before it is counted as failed (`failed_prompts`, listed in
+`failed_log`) and the run goes on without it. A replica with
+`max_consecutive_engine_failures` failed requests in a row leaves the rotation
+(`rollout.health`); when none is left the run stops with the engine's error.
+
 This is a plain asyncio class; the recipe wraps it in an async Ray actor.
 """
 
@@ -22,12 +33,13 @@ import os
 import time
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Optional, Protocol, Sequence
+from typing import Any, Collection, Iterable, Optional, Protocol, Sequence
 
 import torch
 
 from verl_async.protocol import Response, RolloutSample
 from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
+from verl_async.rollout.health import EngineFailure, ReplicaHealth
 from verl_async.rollout.staleness import StalenessBudget
 from verl_async.utils.timeline import Timeline
 
@@ -45,6 +57,7 @@ class PromptTask:
     data_source: str = ""
     ground_truth: Any = None
     extra_info: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 0  # earlier groups of this prompt dropped after engine errors
 
 
 def target_length(item: PromptTask, i: int) -> Optional[int]:
@@ -77,6 +90,9 @@ class RolloutCounters:
     started_groups: int = 0
     finished_groups: int = 0
     dropped_groups_engine_error: int = 0
+    retried_prompts: int = 0  # dropped groups whose prompt was queued again
+    failed_prompts: int = 0  # prompts dropped max_prompt_retries + 1 times: never trained
+    replicas_out_of_rotation: int = 0
     engine_errors: int = 0
     aborted_requests: int = 0
     continued_requests: int = 0
@@ -107,6 +123,9 @@ class Rollouter:
         scheduling: str = "plain",
         scheduling_kwargs: Optional[dict[str, Any]] = None,
         engine_capacity: Optional[Sequence[int]] = None,
+        max_prompt_retries: int = 2,
+        max_consecutive_engine_failures: int = 32,
+        failed_log: Optional[str] = None,
     ) -> None:
         if not engines:
             raise ValueError("Rollouter needs at least one engine replica")
@@ -124,6 +143,13 @@ class Rollouter:
         self.lengths_log = lengths_log
         self.version = version
         self.counters = RolloutCounters()
+        self.max_prompt_retries = max(0, int(max_prompt_retries))
+        self.health = ReplicaHealth(len(self.engines), max_consecutive_engine_failures)
+        self.failed_log = failed_log
+        self.failed: list[dict[str, Any]] = []  # prompts given up on (uid, index, epoch, attempts, error)
+        self.last_engine_error: Optional[str] = None
+        self._retry: collections.deque[PromptTask] = collections.deque()  # dropped prompts to generate again
+        self._source_done = False
         self._inflight: dict[str, tuple[PromptTask, asyncio.Task]] = {}
         self._requests_per_engine = [0] * len(self.engines)
         # concurrent sequences each replica runs (max_num_seqs); pick_engine balances load / capacity
@@ -141,24 +167,32 @@ class Rollouter:
         self._idle.set()
         self._stop = False
         self._busy_since: Optional[float] = None
+        self._last_event = time.monotonic()  # a group started or ended, a sync reopened the budget
         self._failure: Optional[BaseException] = None
         self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
         self._serial = 0
         self.policy = build_policy(scheduling, self, **dict(scheduling_kwargs or {}))
-        if lengths_log:
-            os.makedirs(os.path.dirname(os.path.abspath(lengths_log)), exist_ok=True)
+        for path in (lengths_log, failed_log):
+            if path:
+                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
     # ------------------------------------------------------------------ main loop
     async def run(self) -> RolloutCounters:
-        """Admit prompts until the data (or total_prompts) is exhausted; wait for the tail."""
+        """Admit prompts until the data (or total_prompts) is exhausted; wait for the tail.
+
+        Dropped prompts come back before new data, also after the data ended, so the tail
+        waits for each in-flight group and takes its retry if it brings one.
+        """
         while not self._stop:
-            if self.total_prompts is not None and self.counters.started_groups >= self.total_prompts:
-                break
             # Take the prompt before waiting: the end of the data must end the run even while
             # the budget is exhausted (the trainer may need no further sync to drain the tail).
-            item = self.prompts.next()
+            item = self._take()
             if item is None:
-                break
+                self._admission_stalled("end")
+                if not self._inflight or self._failure:
+                    break
+                await asyncio.wait([t for _, t in self._inflight.values()], return_when=asyncio.FIRST_COMPLETED)
+                continue
             self._next_item = item
             wait_start = time.monotonic()
             await self._admission_gate()
@@ -167,14 +201,25 @@ class Rollouter:
                 break
             self._next_item = None
             self._start_group(item)
-        self._admission_stalled("end")
-        while self._inflight:
+        while self._inflight and not self._failure:  # stopped: the cancelled groups end
             await asyncio.wait([t for _, t in self._inflight.values()])
-            if self._failure:
-                break
         if self._failure:
             raise self._failure
+        if self.counters.failed_prompts and not self.counters.finished_groups and not self._stop:
+            # fewer requests than it takes to put a replica out of rotation, all failed: still an engine failure
+            raise EngineFailure(f"no group was generated: all {self.counters.failed_prompts} prompts failed "
+                                f"after retries (last engine error: {self.last_engine_error})")
         return self.counters
+
+    def _take(self) -> Optional[PromptTask]:
+        """The next prompt: a dropped one to retry first, then the source (within total_prompts)."""
+        if self._retry:
+            return self._retry.popleft()
+        if self._source_done or (self.total_prompts is not None and self.counters.started_groups >= self.total_prompts):
+            return None
+        item = self.prompts.next()
+        self._source_done = item is None
+        return item
 
     async def _admission_gate(self) -> None:
         while not self._stop and not (
@@ -191,7 +236,18 @@ class Rollouter:
             raise self._failure
 
     def _poke(self) -> None:
+        self._last_event = time.monotonic()
         self._changed.set()
+
+    def idle_on_budget_s(self) -> float:
+        """Seconds waited on an exhausted staleness budget with no group in flight (0: not so).
+
+        Only a weight sync frees the budget and only the trainer syncs: if the trainer waits
+        for groups all that time too, neither side can move (the trainer's deadlock check).
+        """
+        if self._next_item is None or self._inflight or self.budget.can_start() or not self._open.is_set():
+            return 0.0
+        return time.monotonic() - self._last_event
 
     def _admission_stalled(self, reason: str) -> None:
         """No group is admitted for now (reason: sync | budget | inflight | end); a policy that
@@ -205,6 +261,7 @@ class Rollouter:
         return len(self._inflight)
 
     def _start_group(self, item: PromptTask) -> None:
+        self._last_event = time.monotonic()
         self.budget.on_start()
         self.counters.started_groups += 1
         task = asyncio.create_task(self._run_group(item), name=f"group-{item.uid}")
@@ -212,7 +269,8 @@ class Rollouter:
         task.add_done_callback(lambda t, uid=item.uid: self._on_group_done(uid, t))
 
     def _on_group_done(self, uid: str, task: asyncio.Task) -> None:
-        self._inflight.pop(uid, None)
+        if uid in self._inflight and self._inflight[uid][1] is task:  # a retry of the uid may run already
+            del self._inflight[uid]
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
             logger.error("group %s failed: %r", uid, self._failure)
@@ -223,8 +281,7 @@ class Rollouter:
         submit = self.timeline.now()
         results = await self.policy.generate_group(item)
         if results is None or any(r is None for r in results):
-            self.counters.dropped_groups_engine_error += 1
-            logger.warning("group %s dropped after repeated engine errors", item.uid)
+            self._abandon(item)
             return
         responses: list[Response] = list(results)
         if len(responses) != self.n:
@@ -248,12 +305,45 @@ class Rollouter:
         finish = self.timeline.now()
         self.group_latencies.append(finish - submit)
         self._log_lengths(sample, submit, finish)
+        await self._open.wait()  # no put inside a sync: a checkpoint's queue and pending list agree
         await self.sink.put(sample)
         self.counters.finished_groups += 1
 
-    def pick_engine(self, candidates: Optional[Sequence[int]] = None) -> int:
-        """The least loaded replica (requests / capacity) among `candidates` (all by default)."""
-        pool = range(len(self.engines)) if candidates is None else candidates
+    def _abandon(self, item: PromptTask) -> None:
+        """A group that will never reach the queue: free its budget slot, retry its prompt or give up."""
+        self.budget.on_abandon()
+        self.counters.dropped_groups_engine_error += 1
+        self._inflight.pop(item.uid, None)
+        if item.attempts < self.max_prompt_retries:
+            self.counters.started_groups -= 1  # started again from the retry queue
+            self.counters.retried_prompts += 1
+            self._retry.append(replace(item, attempts=item.attempts + 1))
+            logger.warning("group %s dropped after repeated engine errors (%s); its prompt is retried (%d of %d)",
+                           item.uid, self.last_engine_error, item.attempts + 1, self.max_prompt_retries)
+        else:
+            self.counters.failed_prompts += 1
+            record = {"uid": item.uid, "index": item.index, "epoch": item.epoch, "attempts": item.attempts + 1,
+                      "error": self.last_engine_error}
+            self.failed.append(record)
+            if self.failed_log:
+                with open(self.failed_log, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            logger.error("prompt %s failed %d times (last engine error: %s): it is not trained "
+                         "(rollout/failed_prompts)", item.uid, item.attempts + 1, self.last_engine_error)
+        self._poke()
+
+    def pick_engine(self, candidates: Optional[Sequence[int]] = None, avoid: Collection[int] = ()) -> int:
+        """The least loaded replica (requests / capacity) in rotation among `candidates` (all by default).
+
+        When none of `candidates` is in rotation any serving replica is taken (P-DSR keeps running on
+        fewer replicas); when none serves at all the run fails with the replicas' own errors. A retry
+        `avoid`s the replicas that failed it while others serve: a replica that fails at once is always
+        the least loaded one and would draw every retry.
+        """
+        pool = self.health.serving(candidates)
+        if not pool:
+            raise self.health.failure()
+        pool = [i for i in pool if i not in avoid] or pool
         return min(pool, key=lambda i: self._requests_per_engine[i] / self.engine_capacity[i])
 
     def response_seed(self, item: PromptTask, i: int, prefix_len: int = 0) -> Optional[int]:
@@ -294,10 +384,11 @@ class Rollouter:
         if max_tokens is not None:
             sampling = replace(sampling, max_tokens=min(int(max_tokens), self.sampling.max_tokens))
         errors = 0
+        failed_on: set[int] = set()
         started = prefix.start_time if prefix else None
         while True:
             await self._open.wait()
-            idx = self.pick_engine(engines)
+            idx = self.pick_engine(engines, avoid=failed_on)
             request = GenerateRequest(
                 request_id=f"{item.uid}/{i}/{self._request_serial()}",
                 prompt_ids=item.prompt_ids,
@@ -317,9 +408,15 @@ class Rollouter:
             self.timeline.record(
                 f"rollout/replica{idx}", "generate", t0, self.timeline.now(), self.version, tokens=max(0, new_tokens)
             )
+            if self.health.record(idx, result.error):
+                self.counters.replicas_out_of_rotation = len(self.health.out)
+                if self.health.all_out:
+                    raise self.health.failure()
             if result.error is not None:
                 errors += 1
+                failed_on.add(idx)
                 self.counters.engine_errors += 1
+                self.last_engine_error = f"replica {idx}: {result.error}"
                 logger.warning("engine error on %s (attempt %d): %s", request.request_id, errors, result.error)
                 if errors > self.MAX_ENGINE_RETRIES:
                     return None
@@ -440,7 +537,11 @@ class Rollouter:
     def pending_items(self) -> list[PromptTask]:
         """Prompts taken from the source but not yet in the queue (regenerated after a resume)."""
         items = [item for item, _ in self._inflight.values()]
-        return items + ([self._next_item] if self._next_item is not None else [])
+        return items + ([self._next_item] if self._next_item is not None else []) + list(self._retry)
+
+    def unstarted_pending(self) -> int:
+        """Pending prompts that `counters.started_groups` does not count (not started, or to retry)."""
+        return (self._next_item is not None) + len(self._retry)
 
     def stop(self) -> None:
         self._stop = True

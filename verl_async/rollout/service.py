@@ -13,7 +13,8 @@ import collections
 import logging
 import os
 import time
-from dataclasses import asdict
+import zlib
+from dataclasses import asdict, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -64,6 +65,10 @@ class DatasetPromptSource:
     def push_front(self, items: Sequence[PromptTask]) -> None:
         self._front.extendleft(reversed(list(items)))
 
+    def pending(self) -> list[PromptTask]:
+        """Prompts pushed back (after a resume) and not taken again yet: a checkpoint must keep them."""
+        return list(self._front)
+
     def state_dict(self) -> dict:
         return self.iterator.state_dict()
 
@@ -96,6 +101,17 @@ class QueueSink:
 
     async def size(self) -> int:
         return int(await self.queue.size.remote())
+
+
+class ValidationError(RuntimeError):
+    """No validation response was generated: there is no accuracy to report."""
+
+
+def validation_seed(seed: Optional[int], index: int, sample: int) -> Optional[int]:
+    """One seed per validation sample: with one seed per prompt its k samples were identical (pass@k == mean@k)."""
+    if seed is None:
+        return None
+    return zlib.crc32(f"{seed}/val/{index}/{sample}".encode()) & 0x7FFFFFFF
 
 
 def sampling_from(rollout_cfg: Any, eos_ids: Sequence[int], *, validation: bool = False) -> SamplingParams:
@@ -178,6 +194,9 @@ class RolloutService:
             scheduling=scheduling,
             scheduling_kwargs=scheduling_kwargs,
             engine_capacity=capacities,
+            max_prompt_retries=int(cfg.rollout.max_prompt_retries),
+            max_consecutive_engine_failures=int(cfg.rollout.max_consecutive_engine_failures),
+            failed_log=os.path.join(run_dir, "rollout", "failed_prompts.jsonl"),
         )
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
@@ -191,7 +210,9 @@ class RolloutService:
             counters = await self.rollouter.run()
         finally:
             await self.queue.close.remote()
-        return asdict(counters)
+        out: dict[str, Any] = asdict(counters)
+        out["replicas_out"] = {str(i): why for i, why in sorted(self.rollouter.health.out.items())}
+        return out
 
     def stop(self) -> None:
         self.rollouter.stop()
@@ -243,6 +264,12 @@ class RolloutService:
     async def leave_weight_sync(self) -> None:
         await self.sync_endpoint.leave_weight_sync()
 
+    def budget_stall(self) -> dict[str, float]:
+        """How long the Rollouter has idled on its staleness budget (the trainer's deadlock check)."""
+        ro = self.rollouter
+        return {"idle_s": ro.idle_on_budget_s(), "started": float(ro.budget.started), "limit": float(ro.budget.limit),
+                "version": float(ro.version)}
+
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, float]:
         c = self.rollouter.counters
@@ -261,27 +288,43 @@ class RolloutService:
 
     # ------------------------------------------------------------------ validation
     async def validate(self, version: int) -> dict[str, float]:
-        """mean@k and pass@k of the scorer on data.val_files, with rollout.val_kwargs sampling."""
+        """mean@k and pass@k of the scorer on data.val_files, with rollout.val_kwargs sampling.
+
+        Only responses that exist are scored: failed requests are counted
+        (`val/failed_requests`), a prompt with none is left out, and a validation without
+        any response raises (an accuracy of 0 would claim a model that answers wrong).
+        """
         if self.val_dataset is None:
             return {}
         rollout_cfg = self.cfg.actor_rollout_ref.rollout
         k = int(rollout_cfg.val_kwargs.n)
         sampling = sampling_from(rollout_cfg, self.eos_ids, validation=True)
-        sem = asyncio.Semaphore(int(rollout_cfg.max_num_seqs) * len(self.engines))
+        engines = [self.engines[i] for i in self.rollouter.health.serving()] or self.engines
+        sem = asyncio.Semaphore(int(rollout_cfg.max_num_seqs) * len(engines))
         t0 = self.timeline.now()
 
         async def one(item, j: int):
             async with sem:
-                engine = self.engines[(item.index * k + j) % len(self.engines)]
-                req = GenerateRequest(f"val-{version}-{item.index}-{j}", list(item.prompt_ids), sampling)
+                engine = engines[(item.index * k + j) % len(engines)]
+                seeded = replace(sampling, seed=validation_seed(sampling.seed, item.index, j))
+                req = GenerateRequest(f"val-{version}-{item.index}-{j}", list(item.prompt_ids), seeded)
                 return await engine.generate(req)
 
         items = list(self.val_dataset)
         results = await asyncio.gather(*(one(item, j) for item in items for j in range(k)))
+        errors = [r.error for r in results if r.error is not None]
+        if results and len(errors) == len(results):
+            raise ValidationError(f"validation at version {version}: all {len(results)} generation requests failed "
+                                  f"(first error: {errors[0]})")
+        if errors:
+            logger.warning("validation at version %d: %d of %d generation requests failed (first error: %s); "
+                           "metrics cover the responses that exist", version, len(errors), len(results), errors[0])
         scores, accs, lengths = [], [], []
         by_source: dict[str, list[float]] = collections.defaultdict(list)
         for i, item in enumerate(items):
-            group = results[i * k : (i + 1) * k]
+            group = [r for r in results[i * k : (i + 1) * k] if r.error is None]
+            if not group:
+                continue
             rewards = await asyncio.to_thread(
                 self.reward.score_group, [r.token_ids for r in group], item.data_source, item.ground_truth, item.extra_info
             )
@@ -297,6 +340,7 @@ class RolloutService:
             f"val/mean@{k}/acc": float(np.mean(accs)),
             f"val/pass@{k}/acc": float(np.mean([max(a) for a in accs])),
             "val/response_length/mean": float(np.mean(lengths)),
+            "val/failed_requests": float(len(errors)),
         }
         for source, values in by_source.items():
             out[f"val/{source}/acc"] = float(np.mean(values))
@@ -304,13 +348,21 @@ class RolloutService:
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict:
-        """Cursor + prompts taken but not queued yet (call while paused for a sync)."""
-        pending = [asdict(t) for t in self.rollouter.pending_items()]
+        """Cursor + prompts taken but not queued yet (call while paused for a sync).
+
+        Pending holds the groups in flight, the prompts waiting to start or to be retried,
+        and those pushed back by an earlier resume that have not started again. Only started
+        ones are in `started_groups`; it is saved as if all pending had started, because
+        `load_state_dict` subtracts every prompt it pushes back.
+        """
+        ro = self.rollouter
+        unstarted = self.source.pending()
+        pending = [asdict(t) for t in ro.pending_items() + unstarted]
         return {
             "iterator": self.iterator.state_dict(),
             "pending": pending,
-            "version": self.rollouter.version,
-            "started_groups": self.rollouter.counters.started_groups,
+            "version": ro.version,
+            "started_groups": ro.counters.started_groups + ro.unstarted_pending() + len(unstarted),
         }
 
     def load_state_dict(self, state: Mapping[str, Any], queued_uids: Iterable[str] = ()) -> int:

@@ -38,6 +38,14 @@ class StalenessBudget:
     def on_start(self) -> None:
         self.started += 1
 
+    def on_abandon(self) -> None:
+        """A started group will never reach the queue (dropped): its slot is free again.
+
+        Without this a dropped group holds its slot forever; with threshold 0 and trigger 1
+        the trainer then waits for a group that never comes while the Rollouter waits here.
+        """
+        self.started = max(0, self.started - 1)
+
     def on_sync(self, outstanding: int) -> None:
         """New version: the count restarts at what is still in flight or queued."""
         self.started = max(0, outstanding)

@@ -9,6 +9,11 @@
 
 The caller decides when to save (`trainer.save_freq`); these helpers name folders,
 find the newest complete checkpoint and keep at most `max_actor_ckpt_to_keep`.
+
+A checkpoint is written into `global_step_{N}.tmp/` and renamed into place once complete
+(`staging_dir`, `publish`): the final save after the last sync may write the same step
+again, and writing into the finished folder would leave its old meta.json next to half
+of the new files after a crash.
 """
 
 from __future__ import annotations
@@ -19,12 +24,39 @@ import shutil
 from typing import Optional
 
 COMPLETE_MARKER = "meta.json"
+STAGING_SUFFIX = ".tmp"  # global_step_{N}.tmp: being written; never matched by _STEP_DIR
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
 def checkpoint_dir(root: str, step: int, role: str = "actor") -> str:
     return os.path.join(root, f"global_step_{int(step)}", role)
+
+
+def step_folder(root: str, step: int) -> str:
+    return os.path.join(root, f"global_step_{int(step)}")
+
+
+def staging_dir(root: str, step: int, role: str = "actor") -> str:
+    """An empty `role` folder to write step `step` into (what a save that died half-way left is removed)."""
+    folder = step_folder(root, step) + STAGING_SUFFIX
+    shutil.rmtree(folder, ignore_errors=True)
+    return os.path.join(folder, role)
+
+
+def publish(root: str, step: int) -> str:
+    """Move the complete staging folder of `step` into place; an older folder of that step goes only then."""
+    final = step_folder(root, step)
+    staging = final + STAGING_SUFFIX
+    if os.path.exists(final):
+        old = final + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)  # a crash right here falls back to the previous step's checkpoint
+        os.replace(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+    return final
 
 
 def is_complete(path: str) -> bool:

@@ -43,6 +43,13 @@ from verl_async.utils.tracking import Tracker
 logger = logging.getLogger("verl_async.trainer")
 
 QUEUE_POLL_S = 2.0
+# The trainer waiting for groups while the Rollouter idles on its staleness budget, both this
+# long, is a deadlock (only the trainer's next sync frees the budget): an error, not a hang.
+STALL_LIMIT_S = 60.0
+
+
+class DeadlockError(RuntimeError):
+    """The trainer waits for groups that the Rollouter may not start before the next sync."""
 # What the console logger prints per step (TensorBoard gets everything).
 CONSOLE_KEYS = (
     "critic/score/mean", "critic/acc/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm",
@@ -231,12 +238,15 @@ class Trainer:
 
     def save_checkpoint(self) -> float:
         t0 = time.perf_counter()
+        # The Rollouter's pending prompts first, then the queue: a group put between the two calls
+        # is then in both (load_state_dict skips pending uids found in the queue), never in neither.
+        rollouter_state = ray.get(self.rollouter.state_dict.remote(), timeout=120)
         extra = {
             "version": self.version,
             "step": self.step,
             "kl_coef": self.kl_coef,
             "queue": ray.get(self.queue.snapshot.remote(), timeout=120),
-            "rollouter": ray.get(self.rollouter.state_dict.remote(), timeout=120),
+            "rollouter": rollouter_state,
         }
         self.wg.save_checkpoint(str(self.cfg.trainer.default_local_dir), extra, step=self.version)
         return time.perf_counter() - t0
@@ -253,12 +263,27 @@ class Trainer:
                     return ray.get(self.queue.get_batch.remote(self.required, QUEUE_POLL_S), timeout=QUEUE_POLL_S + 60)
                 except ray.exceptions.RayTaskError as exc:
                     if isinstance(exc.cause, TimeoutError) or "TimeoutError" in str(exc):
+                        self._check_deadlock(time.monotonic() - t0)
                         continue
                     raise
             return []
         finally:
             self.wait_s += time.monotonic() - t0
             self.timeline.record("trainer/driver", "wait", start, self.timeline.now(), self.version)
+
+    def _check_deadlock(self, waited_s: float) -> None:
+        """Raise when neither side can move (a staleness slot that never came back); see STALL_LIMIT_S."""
+        if self.rollouter is None or waited_s < STALL_LIMIT_S:
+            return
+        stall = ray.get(self.rollouter.budget_stall.remote(), timeout=60)
+        if stall["idle_s"] < STALL_LIMIT_S:
+            return
+        raise DeadlockError(
+            f"the trainer has waited {waited_s:.0f} s for {self.required} groups while the Rollouter, with no group "
+            f"in flight, has waited {stall['idle_s']:.0f} s on its staleness budget ({stall['started']:.0f} of "
+            f"{stall['limit']:.0f} groups started under version {stall['version']:.0f}); only the next weight sync "
+            f"frees it (groups dropped by algorithm.max_staleness so far: {self.dropped_stale})"
+        )
 
     def run(self) -> dict[str, Any]:
         """Train until the rollouter is done; returns a summary."""

@@ -70,7 +70,7 @@ from verl_async.trainer.batching import (
     plan_update,
     sequence_lengths,
 )
-from verl_async.trainer.checkpoint import checkpoint_dir, mark_latest, rotate_checkpoints
+from verl_async.trainer.checkpoint import checkpoint_dir, mark_latest, publish, rotate_checkpoints, staging_dir
 from verl_async.trainer.fsdp_worker import FSDPWorker
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.utils import device as device_layer
@@ -388,12 +388,16 @@ class RayWorkerGroup:
         return path
 
     def save_checkpoint(self, root: str, extra: Optional[dict] = None, step: Optional[int] = None) -> str:
-        """verl layout: `root/global_step_{N}/actor`, then the latest marker and `max_actor_ckpt_to_keep` rotation."""
+        """verl layout: `root/global_step_{N}/actor`, then the latest marker and `max_actor_ckpt_to_keep` rotation.
+
+        Written to a staging folder and renamed into place when complete: never a torn checkpoint.
+        """
         step = self.global_step if step is None else int(step)
-        path = self.save(checkpoint_dir(root, step), extra)
+        self.save(staging_dir(root, step), extra)
+        publish(root, step)
         mark_latest(root, step)
         rotate_checkpoints(root, self.settings.max_ckpt_to_keep)
-        return path
+        return checkpoint_dir(root, step)
 
     def load(self, path: str) -> dict:
         extra = self._call("load", path)[0]

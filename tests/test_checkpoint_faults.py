@@ -1,0 +1,158 @@
+"""Checkpoints under faults: a group that lands during the checkpoint, a save that dies half-way."""
+
+import asyncio
+import json
+import os
+import threading
+import time
+from dataclasses import asdict
+
+import pytest
+import ray
+from omegaconf import OmegaConf
+
+from tests.test_rollouter import make
+from verl_async.trainer import checkpoint as ckpt
+from verl_async.trainer.trainer import Trainer
+from verl_async.trainer.worker_group import FSDPWorkerGroup
+
+
+class LoopThread:
+    """An event loop in a thread: the 'actor' side of the in-process stand-ins below."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, fn, *args, timeout: float = 10):
+        async def run():
+            out = fn(*args)
+            return await out if asyncio.iscoroutine(out) else out
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+class Handle:
+    """`handle.method.remote(*args)` runs the method on the loop thread (ray.get is patched to pass values)."""
+
+    def __init__(self, obj, loop: LoopThread, after=None) -> None:
+        self._obj, self._loop, self._after = obj, loop, after
+
+    def __getattr__(self, name):
+        handle = self
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                out = handle._loop.call(getattr(handle._obj, name), *args)
+                if handle._after is not None:
+                    handle._after(name)
+                return out
+
+        return Method()
+
+
+class ServiceState:
+    """What RolloutService.state_dict contributes here: the Rollouter's pending prompts."""
+
+    def __init__(self, ro) -> None:
+        self.ro = ro
+
+    def state_dict(self) -> dict:
+        return {"pending": [asdict(t) for t in self.ro.pending_items()]}
+
+
+class CapturingGroup:
+    def __init__(self) -> None:
+        self.extra = None
+
+    def save_checkpoint(self, root, extra, step):
+        self.extra = extra
+
+
+def test_group_finishing_during_a_checkpoint_is_kept(monkeypatch, tmp_path):
+    """A slow scorer finishes a group between the checkpoint's two snapshots: it must be in one of them."""
+    loop = LoopThread()
+    release = asyncio.Event()
+
+    async def slow_score(item, responses):
+        await release.wait()
+        return [(0.0, {}) for _ in responses]
+
+    ro, q = make(1, n=2, required=1, trigger=1, threshold=0.0, scorer=slow_score, partial=False)
+    run = asyncio.run_coroutine_threadsafe(ro.run(), loop.loop)
+    deadline = time.time() + 10
+    while not (ro._inflight and ro._running_requests == 0 and ro.counters.generated_tokens > 0):
+        assert time.time() < deadline
+        time.sleep(0.01)
+    loop.call(ro.pause_for_sync)  # generation done; the group is in the scorer
+
+    first = []
+
+    def between(name: str) -> None:  # after the first snapshot: the scorer finishes, the group is put
+        if not first:
+            first.append(name)
+            loop.loop.call_soon_threadsafe(release.set)
+            time.sleep(0.3)
+
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}})
+    trainer.version, trainer.step = 1, 1
+    trainer.wg = CapturingGroup()
+    trainer.queue = Handle(q, loop, between)
+    trainer.rollouter = Handle(ServiceState(ro), loop, between)
+    try:
+        trainer.save_checkpoint()
+        extra = trainer.wg.extra
+        kept = [g["uid"] for g in extra["queue"]] + [p["uid"] for p in extra["rollouter"]["pending"]]
+        assert "e0-i0" in kept, extra
+        loop.call(ro.resume_after_sync, 1)
+        run.result(10)
+    finally:
+        loop.stop()
+
+
+class DyingSave:
+    """A worker group's save(): writes its shards then meta.json, or dies after the first shard."""
+
+    def __init__(self) -> None:
+        self.die = False
+
+    def __call__(self, path: str, extra=None) -> str:
+        os.makedirs(path, exist_ok=True)
+        tag = extra["tag"]
+        with open(os.path.join(path, "shard0"), "w") as f:
+            f.write(tag)
+        if self.die:
+            raise RuntimeError("killed half-way through the save")
+        with open(os.path.join(path, "shard1"), "w") as f:
+            f.write(tag)
+        with open(os.path.join(path, ckpt.COMPLETE_MARKER), "w") as f:
+            json.dump({"tag": tag}, f)
+        return path
+
+
+def test_save_that_dies_half_way_leaves_the_complete_checkpoint(tmp_path):
+    """finish() may save the step the last sync saved: a crash then must not leave a torn folder."""
+    group = FSDPWorkerGroup.__new__(FSDPWorkerGroup)
+    group.settings = type("S", (), {"max_ckpt_to_keep": 2})()
+    group.save = DyingSave()
+    root = str(tmp_path)
+    group.save_checkpoint(root, {"tag": "sync"}, step=4)
+    group.save.die = True
+    with pytest.raises(RuntimeError, match="half-way"):
+        group.save_checkpoint(root, {"tag": "final"}, step=4)
+    path = ckpt.latest_checkpoint(root)
+    assert path == ckpt.checkpoint_dir(root, 4)
+    contents = {name: open(os.path.join(path, name)).read() for name in ("shard0", "shard1")}
+    assert contents == {"shard0": "sync", "shard1": "sync"}, contents  # all of one save
+    group.save.die = False
+    group.save_checkpoint(root, {"tag": "final"}, step=4)  # a later save of the step replaces it whole
+    assert open(os.path.join(path, "shard0")).read() == "final"
+    assert sorted(os.listdir(root)) == ["global_step_4", ckpt.LATEST_FILE]

@@ -1,0 +1,81 @@
+"""`python -m recipe.fully_async_main` on CPU with engine replicas that fail every request.
+
+VERL_ASYNC_FAIL_REPLICAS (verl_async/rollout/faults.py) makes replicas answer every
+request with an error. Every replica failing must end the run with the engine's error
+and exit 1 within 60 s (a GPU run once sat at 0 steps for minutes and printed a
+validation accuracy of 0.000 for responses that never existed); one failing replica
+must be taken out of rotation while the other trains every prompt.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from verl_async.data import builtin, write_rows
+
+pytestmark = pytest.mark.slow
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STOP_WITHIN_S = 60
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    rows = builtin.generate_rows("train", 8, seed=3)
+    val = builtin.generate_rows("val", 4, seed=4, exclude={r["prompt"][0]["content"] for r in rows})
+    write_rows(rows, str(folder / "train.parquet"))
+    write_rows(val, str(folder / "val.parquet"))
+    return str(folder / "train.parquet"), str(folder / "val.parquet")
+
+
+def run_main(tmp_path, model_dir, data_files, fail: str, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
+    train, val = data_files
+    args = [
+        sys.executable, "-m", "recipe.fully_async_main",
+        f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={train}", f"data.val_files={val}",
+        "data.max_prompt_length=64", "data.max_response_length=12", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.n_gpus_per_node=2", "rollout.total_rollout_steps=8",
+        "trainer.test_freq=-1", "trainer.logger=[console]", f"trainer.default_local_dir={tmp_path / 'run'}",
+        "ray_init.num_cpus=2", *extra,
+    ]
+    env = dict(os.environ, PYTHONPATH=REPO, VERL_ASYNC_FAIL_REPLICAS=fail)
+    t0 = time.monotonic()
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=STOP_WITHIN_S * 3)
+    return proc, time.monotonic() - t0
+
+
+def test_every_replica_failing_stops_the_run_with_the_engine_error(tmp_path, tiny_model_dir, data_files):
+    proc, wall = run_main(tmp_path, tiny_model_dir, data_files, "all", "trainer.val_before_train=false")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert ("run failed: the rollouter failed: EngineFailure: every engine replica is out of rotation "
+            "(replica 0: 32 failed requests in a row, last error: injected failure on replica 0") in proc.stderr
+    assert wall < STOP_WITHIN_S, wall
+
+
+def test_failed_validation_is_an_error_not_an_accuracy_of_zero(tmp_path, tiny_model_dir, data_files):
+    proc, wall = run_main(tmp_path, tiny_model_dir, data_files, "all", "trainer.val_before_train=true")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert ("run failed: the validation before training failed: ValidationError: validation at version 0: "
+            "all 4 generation requests failed (first error: injected failure") in proc.stderr
+    assert "val/mean@1/acc=0.000" not in proc.stdout
+    assert wall < STOP_WITHIN_S, wall
+
+
+def test_one_failing_replica_leaves_the_rotation_and_every_prompt_is_trained(tmp_path, tiny_model_dir, data_files):
+    # 8 prompts make 16 requests: K=4 so that replica 0 leaves the rotation during the run
+    proc, wall = run_main(tmp_path, tiny_model_dir, data_files, "0", "trainer.val_before_train=false",
+                          "rollout.max_consecutive_engine_failures=4")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert ("warning: engine replica 0 was taken out of rotation: 4 failed requests in a row, "
+            "last error: injected failure on replica 0") in proc.stdout
+    with open(tmp_path / "run" / "trained_uids.jsonl") as f:
+        uids = [u for line in f if line.strip() for u in json.loads(line)["uids"]]
+    assert sorted(collections.Counter(uids).values()) == [1] * 8
+    assert wall < STOP_WITHIN_S, wall
