@@ -106,7 +106,7 @@ def test_grpo_steps_through_the_entry_point(tmp_path, data):
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.total_rollout_steps=6",
         "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
         "async_training.partial_rollout=false", "async_training.use_rollout_log_probs=false",
-        "reward_model.gsm8k_method=flexible", "trainer.val_before_train=true", "trainer.test_freq=-1",
+        "reward_model.gsm8k_method=flexible", "trainer.val_before_train=true", "trainer.test_freq=3",
         "trainer.logger=[console,tensorboard]", f"trainer.default_local_dir={run_dir}",
         f"hydra.run.dir={tmp_path / 'hydra'}", "ray_init.num_cpus=4",
     ]
@@ -122,4 +122,5 @@ def test_grpo_steps_through_the_entry_point(tmp_path, data):
     assert max(p.value for p in scalars["mismatch/train_rollout_logprob_abs_diff_max"]) < 1e-4
     for tag in ("critic/score/mean", "response_length/mean", "actor/entropy", "actor/grad_norm", "val/mean@1/acc"):
         assert scalars.get(tag), f"{tag} not logged"
-    assert len(scalars["val/mean@1/acc"]) == 2  # before training and at the end
+    # before training and at version 3 (test_freq=3); the end of the run reuses the latter, not a second pass
+    assert [p.step for p in scalars["val/mean@1/acc"]] == [0, 3]

@@ -311,7 +311,13 @@ class Trainer:
         if self.step % self.trigger != 0:  # the last updates are not on the engines yet
             self.version += 1
             self.push_weights(with_hooks=False)
-        metrics = self.validate() if self.test_freq != 0 else {}
+        metrics: dict[str, float] = {}
+        if self.test_freq != 0:
+            last = self.val_history[-1] if self.val_history else None
+            if last is not None and last["version"] == self.version:  # test_freq divides the last version
+                metrics = {k: v for k, v in last.items() if k != "version"}
+            else:
+                metrics = self.validate()
         if self.save_freq > 0 and self.step > 0:
             self.save_checkpoint()
         return metrics
