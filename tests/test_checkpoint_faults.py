@@ -103,7 +103,7 @@ def test_group_finishing_during_a_checkpoint_is_kept(monkeypatch, tmp_path):
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
     trainer = Trainer.__new__(Trainer)
     trainer.cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}})
-    trainer.version, trainer.step = 1, 1
+    trainer.version, trainer.step, trainer.kl_coef = 1, 1, 0.001
     trainer.wg = CapturingGroup()
     trainer.queue = Handle(q, loop, between)
     trainer.rollouter = Handle(ServiceState(ro), loop, between)
