@@ -24,6 +24,7 @@ from verl_async.config import CONFIG_DIR, DEFAULT_CONFIG_NAME, ConfigError, hydr
 from verl_async.config.preflight import preflight
 from verl_async.config.summary import describe
 from verl_async.errors import PipelineError
+from verl_async.versions import UnsupportedTransformersError
 
 PIPELINE_MODULE = "verl_async.pipeline"  # provides run(cfg): Ray, queue, Rollouter, Trainer, sync
 
@@ -39,6 +40,9 @@ def main(cfg: DictConfig) -> None:
             run(cfg)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except UnsupportedTransformersError as err:  # preflight: outside the supported range (verl_async/versions.py)
+        print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     except PipelineError as err:  # one side died: the other was stopped; say why, exit non-zero
         print(f"run failed: {err}", file=sys.stderr, flush=True)

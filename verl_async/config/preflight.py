@@ -15,10 +15,16 @@ from omegaconf import DictConfig, ListConfig
 
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
+from verl_async.versions import check_transformers
 
 
 def preflight(cfg: DictConfig) -> Dict[str, Any]:
-    """Check device, model folder and data; return facts for the summary (rows per split)."""
+    """Check transformers, device, model folder and data; return facts for the summary (rows per split).
+
+    An unsupported transformers raises verl_async.versions.UnsupportedTransformersError (the entry
+    point prints it in one line) before anything builds a model.
+    """
+    check_transformers()
     check_device(cfg)
     check_model_folder(cfg)
     rows = {split: count_rows(cfg, split) for split in ("train", "val")}

@@ -19,6 +19,7 @@ import os
 import shutil
 
 from verl_async.utils.cache import cache_path
+from verl_async.versions import installed_transformers_version
 
 logger = logging.getLogger("verl_async.models")
 
@@ -56,7 +57,10 @@ def gguf_to_hf_folder(gguf_path: str) -> str:
     if not os.path.isfile(gguf_path):
         raise FileNotFoundError(f"actor_rollout_ref.model.path: no such GGUF file: {gguf_path}")
     stem = os.path.splitext(os.path.basename(gguf_path))[0]
-    folder = cache_path("models", f"gguf-{stem}-{_file_digest(gguf_path)}-v{CONVERSION_VERSION}")
+    # keyed by transformers' major version too: tokenizer files saved by 5.x name a tokenizer class
+    # (TokenizersBackend) that 4.x cannot load, so two environments sharing the cache convert once each
+    major = (installed_transformers_version() or "0").split(".")[0]
+    folder = cache_path("models", f"gguf-{stem}-{_file_digest(gguf_path)}-v{CONVERSION_VERSION}-tf{major}")
     if os.path.isfile(os.path.join(folder, "gguf_source.json")):
         return folder
     tmp = f"{folder}.tmp{os.getpid()}"

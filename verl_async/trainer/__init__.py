@@ -5,6 +5,10 @@
 the per-micro-batch actor loss, `checkpoint` the folder layout and rotation.
 """
 
+from verl_async.versions import check_transformers
+
+check_transformers()  # before any model is built: outside the supported range, say so (verl_async/versions.py)
+
 from verl_async.trainer.checkpoint import checkpoint_dir, latest_checkpoint, mark_latest, rotate_checkpoints
 from verl_async.trainer.fsdp_worker import FSDPWorker
 from verl_async.trainer.settings import TrainerSettings

@@ -7,7 +7,8 @@ view `k[:B, :, :L]` that SDPA reads directly, the shapes are static per (B, L) b
 (CUDA graphs) and nothing is ever allocated after start-up (no OOM mid-run by design).
 
 HF attention layers call exactly one method on `past_key_values`: `update(k, v, layer_idx)`,
-which must store the new keys/values and return the keys/values to attend to. This class
+which must store the new keys/values and return the keys/values to attend to (transformers 4.x
+models also ask `get_seq_length()` to derive a `cache_position` nothing here uses). This class
 implements it for two modes the runner switches between before each forward:
 - prefill: a right-padded batch of new sequences starting at position 0; keys are stored in
   the sequences' slots and attention runs on the new keys only (causal);
@@ -77,6 +78,12 @@ class SlotKVCache:
             v_cache[rows, :, self._positions] = value_states[:, :, 0]
             return k_cache[: rows.numel(), :, : self._kv_len], v_cache[: rows.numel(), :, : self._kv_len]
         raise RuntimeError("SlotKVCache.update called before set_prefill/set_decode")
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Asked by transformers 4.x decoders when no `cache_position` is passed (5.x asks only without
+        `position_ids`). Their `cache_position` only feeds mask creation, which the runner's ready 4D
+        masks skip, and cache updates, which ignore it; positions come from `position_ids`."""
+        return 0
 
     def move(self, src: list[int], dst: list[int], length: int) -> None:
         """Copy the first `length` positions of slots `src` into slots `dst` (compaction)."""
