@@ -1,14 +1,14 @@
 """Fully async vs synchronous colocated RL, same workload, same GPUs, same trained samples (not a test).
 
     python scripts/bench_async.py --device cuda --gpus 4 --engine vllm --out $OUT/bench_async_4gpu.json
-    python scripts/bench_async.py --device cpu --tiny --configs sync,s0.5_p1     # smoke check of the script itself
+    python scripts/bench_async.py --device cpu --tiny --gpus 2 --configs sync,s0.5_p1   # smoke check of the script
 
 Every configuration runs the real product, `verl_async.pipeline.run(cfg)` (Ray, Rollouter,
 MessageQueue, FSDP2 Trainer, parameter sync), each in its own Ray session:
 
 * `sync` - synchronous on-policy, COLOCATED: the engine replicas and the trainer ranks share
-  all `--gpus` GPUs (one replica + one trainer rank per GPU; `VERL_ASYNC_COLOCATE_GPUS`, see
-  verl_async/rollout/replica.py) with `staleness_threshold=0`, `trigger_parameter_sync_step=1`,
+  all `--gpus` GPUs (one replica + one trainer rank per GPU; `rollout.colocate=true`) with
+  `staleness_threshold=0`, `trigger_parameter_sync_step=1`,
   `partial_rollout=false`: all GPUs generate one batch, then all GPUs train on it, then the
   weights move (object store: NCCL cannot join two processes of one GPU); repeat. This is
   verl's default (hybrid) trainer's schedule with the same engine and trainer code. Its KV
@@ -132,6 +132,7 @@ def overrides_for(name: str, args: argparse.Namespace, model: str, data: str, ru
         f"async_training.staleness_threshold={staleness}", f"async_training.partial_rollout={str(partial).lower()}",
         f"async_training.trigger_parameter_sync_step={1 if sync else args.trigger}",
         f"async_training.sync_transport={transport}", "async_training.require_batches=1",
+        f"rollout.colocate={'true' if sync else 'false'}",
     ]
     if args.engine == "native" and args.device == "cuda":
         # the native engine sizes its KV up front (gpu_memory_utilization is vLLM's): one slot per sequence
@@ -227,15 +228,9 @@ def run_one(name: str, args: argparse.Namespace, model: str, data: str) -> dict[
 
     run_dir = os.path.join(args.work_dir, name)
     cfg = compose(overrides_for(name, args, model, data, run_dir), args.engine, args.device, args.max_num_seqs)
-    env_key = "VERL_ASYNC_COLOCATE_GPUS"
-    if name == "sync" and args.device == "cuda":
-        os.environ[env_key] = ",".join(str(i) for i in range(args.gpus))
     t0 = time.perf_counter()
-    try:
-        with GpuMemorySampler() if args.device == "cuda" else contextlib.nullcontext() as mem:
-            summary = run(cfg)
-    finally:
-        os.environ.pop(env_key, None)
+    with GpuMemorySampler() if args.device == "cuda" else contextlib.nullcontext() as mem:
+        summary = run(cfg)
     total = time.perf_counter() - t0
     out: dict[str, Any] = {"config": name, "run_dir": run_dir, "total_s_with_startup": total}
     out.update(timeline_metrics(run_dir))

@@ -27,21 +27,6 @@ def _buckets_from_refs(refs: Sequence[Any]) -> Iterator[Any]:
         yield ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
 
 
-COLOCATE_ENV = "VERL_ASYNC_COLOCATE_GPUS"
-
-
-def colocated_devices() -> Optional[list[str]]:
-    """Benchmark hook (`rollout.colocate` is the user's key): accelerator ids shared with the trainer, or None.
-
-    `scripts/bench_async.py` sets VERL_ASYNC_COLOCATE_GPUS=0,1,... for its synchronous colocated
-    baseline. Replicas then ask Ray for no accelerator (the trainer ranks hold them) and replica i
-    pins ids[i*tp:(i+1)*tp] itself; engine memory is bounded by rollout.gpu_memory_utilization /
-    kv_cache_tokens, so engine and trainer fit on one device side by side.
-    """
-    ids = [x.strip() for x in os.environ.get(COLOCATE_ENV, "").split(",") if x.strip()]
-    return ids or None
-
-
 class EngineReplica:
     """Plain class behind the replica actor: builds the configured engine on this process's device."""
 
@@ -57,7 +42,7 @@ class EngineReplica:
         engine_overrides: Optional[Mapping[str, Any]] = None,
         shared_devices: Optional[Sequence[str]] = None,
     ) -> None:
-        shared = list(shared_devices or colocated_devices() or [])
+        shared = list(shared_devices or [])
         if shared and device != "cpu":  # before the first accelerator call of this process
             tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
             mine = shared[index * tp:(index + 1) * tp]
@@ -182,7 +167,7 @@ def replica_actor_options(
     device: str, tensor_parallel_size: int, cpu_share: float = 0.25, colocated: bool = False
 ) -> dict[str, Any]:
     """Ray resources for one replica: its accelerators, or a small CPU share (never a big reservation)."""
-    if device != "cpu" and (colocated or colocated_devices()):
+    if device != "cpu" and colocated:
         return {"num_cpus": 1}  # the devices are the trainer's; the replica pins its share itself
     if device == "cuda":
         return {"num_gpus": tensor_parallel_size, "num_cpus": 1}
