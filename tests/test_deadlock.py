@@ -51,3 +51,21 @@ def test_trainer_keeps_waiting_while_the_rollouter_works(ray_session, monkeypatc
     t = waiting_trainer(queue, busy)
     threading.Timer(2.0, t.stop).start()
     assert t._next_groups() == []  # stopped after 2 s, no error
+
+
+def test_groups_dropped_as_too_stale_give_their_slots_back(ray_session):
+    from verl_async.protocol import Response, RolloutSample
+
+    released = []
+
+    class Rollouter:
+        release_budget = type("Method", (), {"remote": staticmethod(lambda n: ray.put(released.append(n)))})()
+
+    def group(uid: str, version: int) -> RolloutSample:
+        resp = Response(token_ids=[5], log_probs=[0.0], versions=[version], finish_reason="stop", reward=0.0)
+        return RolloutSample(uid=uid, prompt_ids=[3], responses=[resp, resp])
+
+    t = waiting_trainer(None, Rollouter())
+    t.max_staleness, t.version = 1, 5
+    keep = t._drop_too_stale([group("old", 2), group("new", 4), group("older", 1)])
+    assert [g.uid for g in keep] == ["new"] and t.dropped_stale == 2 and released == [2]

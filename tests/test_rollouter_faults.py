@@ -167,3 +167,29 @@ def test_run_where_every_prompt_failed_is_an_engine_failure():
                  engine_list=engines)
     with pytest.raises(EngineFailure, match=r"no group was generated: all 2 prompts failed.*out of memory"):
         within(ro.run(), 10)
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_groups_the_trainer_drops_as_too_stale_free_their_budget(release):
+    # On-policy budget of 2 groups per version: the trainer drops the first 2 (as algorithm.max_staleness
+    # would) and needs 2 more before it syncs. Only released slots let the Rollouter make them.
+    ro, q = make(6, n=2, required=2, trigger=1, threshold=0.0)
+
+    async def scenario():
+        rtask = asyncio.create_task(ro.run())
+        dropped = await q.get_batch(2, timeout=10)
+        assert len(dropped) == 2
+        if release:
+            ro.release_budget(len(dropped))
+        try:
+            kept = await q.get_batch(2, timeout=3)
+        except asyncio.TimeoutError:
+            kept = []
+        rtask.cancel()
+        return kept
+
+    kept = within(scenario(), 20)
+    if release:
+        assert len(kept) == 2 and ro.budget.started == 4 - 2
+    else:
+        assert not kept  # the old behaviour: nothing comes, the trainer would wait for ever

@@ -309,6 +309,16 @@ class Rollouter:
         await self.sink.put(sample)
         self.counters.finished_groups += 1
 
+    def release_budget(self, groups: int) -> None:
+        """The trainer dropped `groups` queued groups (algorithm.max_staleness): their slots are free again.
+
+        Otherwise they hold the budget until the next sync, which needs a trainer step that may
+        never fill: the same deadlock as a group dropped for engine errors.
+        """
+        for _ in range(max(0, int(groups))):
+            self.budget.on_abandon()
+        self._poke()
+
     def _abandon(self, item: PromptTask) -> None:
         """A group that will never reach the queue: free its budget slot, retry its prompt or give up."""
         self.budget.on_abandon()

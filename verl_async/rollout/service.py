@@ -264,6 +264,9 @@ class RolloutService:
     async def leave_weight_sync(self) -> None:
         await self.sync_endpoint.leave_weight_sync()
 
+    def release_budget(self, groups: int) -> None:
+        self.rollouter.release_budget(groups)
+
     def budget_stall(self) -> dict[str, float]:
         """How long the Rollouter has idled on its staleness budget (the trainer's deadlock check)."""
         ro = self.rollouter

@@ -339,9 +339,12 @@ class Trainer:
 
     def _drop_too_stale(self, groups: list[RolloutSample]) -> list[RolloutSample]:
         keep = [g for g in groups if not exceeds_max_staleness(self.version, g.min_version, self.max_staleness)]
-        if len(keep) != len(groups):
-            self.dropped_stale += len(groups) - len(keep)
-            logger.warning("dropped %d groups older than algorithm.max_staleness=%s", len(groups) - len(keep), self.max_staleness)
+        dropped = len(groups) - len(keep)
+        if dropped:
+            self.dropped_stale += dropped
+            logger.warning("dropped %d groups older than algorithm.max_staleness=%s", dropped, self.max_staleness)
+            if self.rollouter is not None:  # their staleness slots go back: replacements can be generated
+                ray.get(self.rollouter.release_budget.remote(dropped), timeout=120)
         return keep
 
     def _pipeline_metrics(self) -> dict[str, float]:
