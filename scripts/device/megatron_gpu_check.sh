@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the lent 2-GPU machine (nvidia-h200-x2), from the repository root, carrying ".whl"
+# On the lent 2-GPU machine (nvidia-h200-x2; on one GPU: the TP=1 + offload comparison and a colocated run),
+# from the repository root, carrying ".whl"
 # (made by scripts/device/megatron_wheels.sh). One call, < 600 s; results under $OUT:
 #   megatron_equivalence.json  FSDP2 (1 GPU) vs Megatron TP=2 / PP=2 / TP=1+offload, bf16
 #   megatron_gpu_pytest.log    tests/trainer/test_megatron_gpu.py (the assertions)
@@ -22,9 +23,14 @@ print("megatron-core", megatron.core.__version__, "transformers", transformers._
 PY
 rc=0
 
-# 1. Equivalence (the first GPU item).
+# 1. Equivalence (the first GPU item). One GPU: FSDP2 vs Megatron TP=1 + every offload flag only.
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
+if [ "$GPUS" -ge 2 ]; then MARK=multigpu; LAYOUT="trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1"
+else MARK="gpu and not multigpu"
+     LAYOUT="trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 rollout.colocate=true async_training.sync_transport=object_store"
+fi
 VERL_ASYNC_RESULTS=$OUT/megatron_equivalence.json timeout 300 python3 -m pytest -q -s -p no:cacheprovider \
-    -m multigpu tests/trainer/test_megatron_gpu.py 2>&1 | tee "$OUT/megatron_gpu_pytest.log" | tail -40
+    -m "$MARK" tests/trainer/test_megatron_gpu.py tests/trainer/test_offload.py 2>&1 | tee "$OUT/megatron_gpu_pytest.log" | tail -40
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
 # 2. A short async run with the Megatron trainer: random-weight small Qwen2, built-in task, no hub.
@@ -35,7 +41,7 @@ T=+$A.megatron.override_transformer_config
 O=+$A.optim.override_optimizer_config
 timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m recipe.fully_async_main \
     --config-path=config --config-name=fully_async_ppo_megatron_trainer.yaml \
-    actor_rollout_ref.model.path=$MODEL trainer.device=cuda trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 \
+    actor_rollout_ref.model.path=$MODEL trainer.device=cuda $LAYOUT \
     actor_rollout_ref.rollout.name=native rollout.total_rollout_steps=64 trainer.save_freq=4 \
     trainer.default_local_dir=/tmp/megatron_async_run hydra.run.dir=/tmp/megatron_async_run/hydra \
     $A.use_kl_loss=True $A.kl_loss_coef=0.001 $A.kl_loss_type=low_var_kl $A.entropy_coeff=0.001 \

@@ -1,6 +1,7 @@
-"""Megatron (TP=2, PP=2) against FSDP2 (1 GPU) on CUDA in bf16: same batch, same model. Needs 2 GPUs.
+"""Megatron (TP=2, PP=2; TP=1 + offload) against FSDP2 (1 GPU) on CUDA in bf16: same batch, same model.
 
-    pytest -q -s -m multigpu tests/trainer/test_megatron_gpu.py
+    pytest -q -s -m multigpu tests/trainer/test_megatron_gpu.py     # every layout: 2 GPUs
+    pytest -q -s -m "gpu and not multigpu" tests/trainer/test_megatron_gpu.py   # TP=1 + offload: 1 GPU
 
 A random-weight Qwen2 (tied embeddings, GQA, qkv bias: Qwen2.5-0.5B's layout, small)
 is built locally. The fp32 HF forward is the reference; each bf16 backend's error
@@ -22,7 +23,7 @@ import pytest
 import torch
 from trainer_helpers import compose_config, make_batch, with_advantages
 
-pytestmark = [pytest.mark.gpu, pytest.mark.multigpu, pytest.mark.megatron]
+pytestmark = [pytest.mark.gpu, pytest.mark.megatron]
 
 A = "actor_rollout_ref.actor"
 COMMON = ["trainer.device=cuda", "trainer.worker_timeout_s=600", "actor_rollout_ref.rollout.n=2",
@@ -79,14 +80,24 @@ def _reference_log_probs(model_dir: str, batch) -> torch.Tensor:
     return out
 
 
+@pytest.mark.multigpu
 def test_megatron_matches_fsdp_in_bf16(ray_session, model_dir):
+    _compare_layouts(model_dir, list(LAYOUTS))
+
+
+def test_megatron_with_offload_matches_fsdp_on_one_gpu(ray_session, model_dir):
+    """TP=1 with every offload flag (issue 15's start-up failure) needs one GPU only."""
+    _compare_layouts(model_dir, ["fsdp2_1gpu", "megatron_tp1_offload"])
+
+
+def _compare_layouts(model_dir: str, names: list[str]) -> None:
     batch = with_advantages(make_batch(groups=8, n=2, seed=1, prompt_len=(4, 40), response_len=(1, 60)), seed=2)
     mask = batch["response_mask"].bool()
     advantages = batch["advantages"][mask]
     reference = _reference_log_probs(model_dir, batch)
     batch["old_log_probs"] = batch["ref_log_prob"] = reference * batch["response_mask"]
     results: dict[str, dict] = {}
-    for name in LAYOUTS:
+    for name in names:
         group = _group(model_dir, name)
         try:
             before = group.compute_log_prob(batch)
