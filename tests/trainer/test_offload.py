@@ -43,3 +43,4 @@ def test_round_trip_on_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_round_trip_through_the_host_on_cuda():
     _round_trip("cuda")
+

@@ -114,3 +114,17 @@ def test_in_reward_kl_coefficient_follows_kl_ctrl(tmp_path, tiny_model_dir, kind
     factor = 1.04 if kind == "adaptive" else 1.0
     assert used == pytest.approx([0.01, 0.01 * factor, 0.01 * factor**2])
     assert trainer.kl_coef == pytest.approx(0.01 * factor**3)
+
+
+def test_nonfinite_grads_names_the_parameters():
+    from verl_async.trainer.common import nonfinite_grads
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(8)])
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    model[1].weight.grad[0, 0] = float("nan")
+    model[3].bias.grad[1] = float("inf")
+    assert nonfinite_grads(model.named_parameters()) == ["1.weight", "3.bias"]
+    for i in range(8):
+        model[i].weight.grad[0, 0] = float("nan")
+    assert nonfinite_grads(model.named_parameters(), limit=2) == ["0.weight", "1.weight", "... 7 more"]

@@ -174,6 +174,19 @@ def write_hf_folder(path: str, hf_config: Any, state: dict[str, torch.Tensor], d
     return path
 
 
+def nonfinite_grads(named_params: Iterable[tuple[str, torch.nn.Parameter]], limit: int = 5) -> list[str]:
+    """Names of parameters whose (local shard of the) gradient holds inf/NaN: the first `limit`, then a count."""
+    bad = []
+    for name, p in named_params:
+        grad = p.grad
+        if grad is None:
+            continue
+        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        if local.numel() and not bool(torch.isfinite(local).all()):
+            bad.append(name)
+    return bad[:limit] + ([f"... {len(bad) - limit} more"] if len(bad) > limit else [])
+
+
 def sync_dtype(device: str, compute_dtype: str, dtype: Optional[str] = None) -> torch.dtype:
     """dtype of synced / exported weights: asked for, else float32 on CPU and the compute dtype elsewhere."""
     if dtype:

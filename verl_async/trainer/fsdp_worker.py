@@ -39,6 +39,7 @@ from verl_async.trainer.common import (
     RankBase,
     UpdateStats,
     no_reference_model,
+    nonfinite_grads,
 )
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.lr_schedule import build_lr_scheduler
@@ -246,11 +247,15 @@ class FSDPWorker(RankBase):
             grad_norm = self._clip_grad_norm()
             skip = bad_any or not np.isfinite(grad_norm)
             if skip:
+                # where it came from, before the gradients are dropped: each rank names its own shards
+                reason = stats.errors[-1] if stats.errors else "non-finite loss" if bad_any else (
+                    "non-finite gradients in " + (", ".join(nonfinite_grads(self.model.named_parameters()))
+                                                  or "no local shard of this rank"))
                 self.optimizer.zero_grad(set_to_none=True)
-                if self.rank == 0:
-                    logger.warning("step %d: non-finite loss or grad norm (%s, grad_norm=%s): optimizer step "
-                                   "skipped (%d skipped so far)", self.global_step, stats.errors[-1] if stats.errors
-                                   else "loss overflow", grad_norm, self.skipped_steps + stats.skipped + 1)
+                if self.rank == 0 or not stats.errors:
+                    logger.warning("rank %d step %d: non-finite loss or grad norm (%s, grad_norm=%s): optimizer "
+                                   "step skipped (%d skipped so far)", self.rank, self.global_step, reason, grad_norm,
+                                   self.skipped_steps + stats.skipped + 1)
             else:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
