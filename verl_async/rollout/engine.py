@@ -118,3 +118,35 @@ class InferenceEngine(abc.ABC):
 
     async def shutdown(self) -> None:  # pragma: no cover - default no-op
         return None
+
+
+class DelegatingEngine(InferenceEngine):
+    """An engine around `inner` that passes every call through; wrappers override `generate` only."""
+
+    def __init__(self, inner: InferenceEngine) -> None:
+        self.inner = inner
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return await self.inner.generate(request)
+
+    async def abort(self, request_ids: Optional[Sequence[str]] = None) -> None:
+        await self.inner.abort(request_ids)
+
+    async def update_weights(self, named_tensors: Iterable, version: int) -> None:
+        await self.inner.update_weights(named_tensors, version)
+
+    async def pause(self) -> None:
+        await self.inner.pause()
+
+    async def resume(self) -> None:
+        await self.inner.resume()
+
+    def stats(self) -> EngineStats:
+        return self.inner.stats()
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    async def shutdown(self) -> None:
+        await self.inner.shutdown()

@@ -10,9 +10,9 @@ Unset (the default), nothing is wrapped.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Optional, Sequence
+from typing import Optional
 
-from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
+from verl_async.rollout.engine import DelegatingEngine, GenerateRequest, GenerateResult, InferenceEngine
 
 FAIL_ENV = "VERL_ASYNC_FAIL_REPLICAS"
 
@@ -24,38 +24,16 @@ def replica_fails(index: int, value: Optional[str] = None) -> bool:
     return "all" in names or str(index) in names
 
 
-class FailingEngine(InferenceEngine):
+class FailingEngine(DelegatingEngine):
     """`inner` with every generate answered by an error (the request is never run)."""
 
     def __init__(self, inner: InferenceEngine, message: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.message = message
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return GenerateResult(request.request_id, list(request.prefix_token_ids), list(request.prefix_log_probs),
                               list(request.prefix_versions), "abort", error=self.message)
-
-    async def abort(self, request_ids: Optional[Sequence[str]] = None) -> None:
-        await self.inner.abort(request_ids)
-
-    async def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:
-        await self.inner.update_weights(named_tensors, version)
-
-    async def pause(self) -> None:
-        await self.inner.pause()
-
-    async def resume(self) -> None:
-        await self.inner.resume()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    async def shutdown(self) -> None:
-        await self.inner.shutdown()
 
 
 def with_faults(engine: InferenceEngine, index: int) -> InferenceEngine:

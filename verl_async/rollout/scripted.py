@@ -13,9 +13,9 @@ It relies on the Rollouter's request ids, "<uid>/<i>/<serial>"; other ids pass t
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Callable, Optional
 
-from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
+from verl_async.rollout.engine import DelegatingEngine, GenerateRequest, GenerateResult, InferenceEngine
 
 TargetFn = Callable[[str, int], Optional[int]]
 
@@ -28,11 +28,11 @@ def parse_request_id(request_id: str) -> Optional[tuple[str, int]]:
     return parts[0], int(parts[1])
 
 
-class TargetLengthEngine(InferenceEngine):
+class TargetLengthEngine(DelegatingEngine):
     """`inner` with each Rollouter response stopped at `target(uid, i)` tokens (None: untouched)."""
 
     def __init__(self, inner: InferenceEngine, target: TargetFn) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.target = target
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -46,25 +46,3 @@ class TargetLengthEngine(InferenceEngine):
         if result.finish_reason == "length" and len(result.token_ids) >= goal and goal < limit:
             result.finish_reason = "stop"
         return result
-
-    async def abort(self, request_ids: Optional[Sequence[str]] = None) -> None:
-        await self.inner.abort(request_ids)
-
-    async def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:
-        await self.inner.update_weights(named_tensors, version)
-
-    async def pause(self) -> None:
-        await self.inner.pause()
-
-    async def resume(self) -> None:
-        await self.inner.resume()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    async def shutdown(self) -> None:
-        await self.inner.shutdown()
