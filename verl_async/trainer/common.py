@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from verl_async.utils import device as device_layer
+from verl_async.weight_bucket import PackedBucket
 
 METRIC_KEYS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
                "actor/kl_loss", "actor/loss")
@@ -274,11 +275,12 @@ class RankBase:
     def _sync_dtype(self, dtype: Optional[str] = None) -> torch.dtype:
         return sync_dtype(self.settings.device, self.compute_dtype, dtype)
 
-    def weight_buckets(self, bucket_bytes: int, dtype: Optional[str] = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def weight_buckets(self, bucket_bytes: int, dtype: Optional[str] = None) -> Iterator[PackedBucket]:
         """Buckets of (HF name, tensor) of at most `bucket_bytes` (a larger tensor travels alone); rank 0 yields."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-        yield from bucketize(self.iter_full_params(self._sync_dtype(dtype)), bucket_bytes)
+        for bucket in bucketize(self.iter_full_params(self._sync_dtype(dtype)), bucket_bytes):
+            yield PackedBucket(bucket)  # raw bytes: the object store moves them without pickling tensors
 
     def export_hf(self, path: str, dtype: Optional[str] = None) -> Optional[str]:
         """A plain HF folder (config, safetensors, tokenizer) that `from_pretrained` loads; rank 0 writes."""

@@ -15,7 +15,7 @@ complete update succeeds (the caller should resend; the engine does not bump the
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -29,7 +29,9 @@ def _as_bucket(item: Any, index: int) -> list[tuple[str, Any]]:
         return list(item.items())
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
         return [item]
-    if isinstance(item, (list, tuple)) and all(isinstance(x, tuple) and len(x) == 2 for x in item):
+    if isinstance(item, Sequence) and not isinstance(item, (str, bytes)) and all(
+        isinstance(x, tuple) and len(x) == 2 for x in item
+    ):  # a list of pairs, or a PackedBucket (verl_async/weight_bucket.py) that decodes to them
         return list(item)
     raise WeightUpdateError(
         f"update_weights: item {index} of the weight stream is a {type(item).__name__}; expected a "
