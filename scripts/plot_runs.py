@@ -77,16 +77,17 @@ def load_run(path: str, scratch: str) -> Run:
     return Run(name, scalars, timeline)
 
 
-def trained_samples(run: Run, step: int, per_step: float) -> float:
-    return step * per_step
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot_accuracy(runs: list[Run], out: str, per_step: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, (by_samples, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = _colors(runs)
     for run in runs:
@@ -95,7 +96,7 @@ def plot_accuracy(runs: list[Run], out: str, per_step: float) -> None:
             continue
         t0 = points[0].wall_time
         style = dict(color=colors[run.config], marker="o", ms=3, label=run.name, alpha=0.9)
-        by_samples.plot([trained_samples(run, p.step, per_step) for p in points], [p.value for p in points], **style)
+        by_samples.plot([p.step * per_step for p in points], [p.value for p in points], **style)
         by_time.plot([p.wall_time - t0 for p in points], [p.value for p in points], **style)
     by_samples.set(xlabel="trained samples (responses)", ylabel=f"held-out accuracy ({VAL_ACC}, greedy)")
     by_time.set(xlabel="wall time since training started (s)", ylabel="held-out accuracy")
@@ -108,11 +109,7 @@ def plot_accuracy(runs: list[Run], out: str, per_step: float) -> None:
 
 
 def plot_curves(runs: list[Run], out: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     colors = _colors(runs)
     for ax, (tag, title) in zip(axes.flat, CURVES):
@@ -154,7 +151,7 @@ def table(runs: list[Run], per_step: float) -> str:
         steps = max((p.step for p in run.series("critic/score/mean")), default=0)
         tl = run.timeline
         rows.append(
-            f"| {run.name} | {steps} | {trained_samples(run, steps, per_step):.0f} | {tl.get('wall_s', float('nan')):.0f} "
+            f"| {run.name} | {steps} | {steps * per_step:.0f} | {tl.get('wall_s', float('nan')):.0f} "
             f"| {tl.get('trained_tokens_per_s', float('nan')):.0f} | {tl.get('rollout_idle_ratio', float('nan')):.2f} "
             f"| {tl.get('trainer_idle_ratio', float('nan')):.2f} "
             f"| {acc[0].value if acc else float('nan'):.3f} | {acc[-1].value if acc else float('nan'):.3f} "
@@ -182,7 +179,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out-dir", default="bench")
     p.add_argument("--prefix", default="runs")
     p.add_argument("--samples-per-step", type=float, default=128.0,
-                   help="responses per trainer step when the logs do not say (ppo_mini_batch_size x n)")
+                   help="responses per trainer step (ppo_mini_batch_size x rollout.n x require_batches)")
     args = p.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:

@@ -29,9 +29,7 @@ class PackedBucket(Sequence):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def __getitem__(self, index: int) -> tuple[str, torch.Tensor]:  # type: ignore[override]
         name, dtype, shape, data = self.items[index]
         if data.size == 0:
             return name, torch.empty(shape, dtype=getattr(torch, dtype))

@@ -247,10 +247,7 @@ class FSDPWorker(RankBase):
             grad_norm = self._clip_grad_norm()
             skip = bad_any or not np.isfinite(grad_norm)
             if skip:
-                # where it came from, before the gradients are dropped: each rank names its own shards
-                reason = stats.errors[-1] if stats.errors else "non-finite loss" if bad_any else (
-                    "non-finite gradients in " + (", ".join(nonfinite_grads(self.model.named_parameters()))
-                                                  or "no local shard of this rank"))
+                reason = self._skip_reason(stats, bad_any)  # before the gradients are dropped
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.rank == 0 or not stats.errors:
                     logger.warning("rank %d step %d: non-finite loss or grad norm (%s, grad_norm=%s): optimizer "
@@ -267,6 +264,15 @@ class FSDPWorker(RankBase):
             self._move_optimizer("cpu")
         self._offload_if_asked()
         return stats.metrics(s, lr=lr, total_skipped=self.skipped_steps, global_step=self.global_step)
+
+    def _skip_reason(self, stats: UpdateStats, bad_loss: bool) -> str:
+        """Why a step is skipped; for gradients, the parameters whose local shard on THIS rank is non-finite."""
+        if stats.errors:
+            return stats.errors[-1]
+        if bad_loss:
+            return "non-finite loss"
+        names = nonfinite_grads(self.model.named_parameters())
+        return "non-finite gradients in " + (", ".join(names) or "no local shard of this rank")
 
     def _clip_grad_norm(self) -> float:
         """Global grad norm over the sharded (DTensor) grads; clip when finite.

@@ -50,6 +50,8 @@ STALL_LIMIT_S = 60.0
 
 class DeadlockError(RuntimeError):
     """The trainer waits for groups that the Rollouter may not start before the next sync."""
+
+
 # What the console logger prints per step (TensorBoard gets everything).
 CONSOLE_KEYS = (
     "critic/score/mean", "critic/acc/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm",

@@ -29,10 +29,10 @@ def _as_bucket(item: Any, index: int) -> list[tuple[str, Any]]:
         return list(item.items())
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
         return [item]
-    if isinstance(item, Sequence) and not isinstance(item, (str, bytes)) and all(
-        isinstance(x, tuple) and len(x) == 2 for x in item
-    ):  # a list of pairs, or a PackedBucket (verl_async/weight_bucket.py) that decodes to them
-        return list(item)
+    if isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
+        pairs = list(item)  # a list of pairs, or a PackedBucket (verl_async/weight_bucket.py): decoded once
+        if all(isinstance(x, tuple) and len(x) == 2 for x in pairs):
+            return pairs
     raise WeightUpdateError(
         f"update_weights: item {index} of the weight stream is a {type(item).__name__}; expected a "
         "(name, tensor) pair, a list of pairs or a dict name -> tensor"
