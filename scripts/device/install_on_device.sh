@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs ON the lent GPU machine, from the repo root (see scripts/device/run_all_gpu.sh).
-#   install_on_device.sh stash DIR...   copy carried vLLM parts (from .carry/p1, .carry/p2) into /root/.carry,
+#   install_on_device.sh stash DIR...   copy carried parts and wheels (.carry/p1, p2, m1, m2, mc) into /root/.carry,
 #                                        which lives as long as the machine stays warm (30 s idle, 30 min held)
 #   install_on_device.sh base            Ray/Hydra/OmegaConf/tensordict from the carried .whl into /tmp/site
 #   install_on_device.sh vllm            check the parts' sha256 and unpack vLLM + its deps into /tmp/site
@@ -15,9 +15,9 @@ case "$cmd" in
   stash)
     mkdir -p "$CARRY"
     for d in "$@"; do
-      if [ -d "$d" ] && ls "$d"/*.part* >/dev/null 2>&1; then cp -f "$d"/* "$CARRY"/; fi
+      if [ -d "$d" ] && ls "$d"/* >/dev/null 2>&1; then cp -f "$d"/* "$CARRY"/; fi
     done
-    echo "stashed in $CARRY: $(cd "$CARRY" 2>/dev/null && ls *.part* 2>/dev/null | tr '\n' ' ')"
+    echo "stashed in $CARRY: $(cd "$CARRY" 2>/dev/null && ls *.part* *.whl 2>/dev/null | tr '\n' ' ')"
     ;;
   base)
     [ -f .whl/install_on_device.sh ] || { echo "no .whl/ here: carry .whl (make it with /work/shared/device/make_device_wheels.sh)" >&2; exit 3; }

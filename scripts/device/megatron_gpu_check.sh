@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the lent 2-GPU machine (nvidia-h200-x2; on one GPU: the TP=1 + offload comparison and a colocated run),
 # from the repository root, carrying ".whl"
-# (made by scripts/device/megatron_wheels.sh). One call, < 600 s; results under $OUT:
+# (made by scripts/device/megatron_wheels.sh; or .whl without megatron-core plus .carry/mc stashed in /root/.carry
+# by an earlier call, as scripts/device/real_model_gpu.sh's `megatron` phase does). One call, < 600 s; results under $OUT:
 #   megatron_equivalence.json  FSDP2 (1 GPU) vs Megatron TP=2 / PP=2 / TP=1+offload, bf16
 #   megatron_gpu_pytest.log    tests/trainer/test_megatron_gpu.py (the assertions)
 #   megatron_async.log         recipe.fully_async_main with the Megatron config (1 trainer GPU
@@ -13,7 +14,12 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/megatron_gpu_check}; mkdir -p "$OUT"
 START=$(date +%s)
 left() { echo $((570 - ($(date +%s) - START))); }
-bash .whl/install_on_device.sh >/dev/null || { echo "wheel install failed"; exit 1; }
+bash scripts/device/install_on_device.sh base >/dev/null || { echo "wheel install failed"; exit 1; }
+if ! ls .whl/megatron_core-*.whl >/dev/null 2>&1 && ls /root/.carry/megatron_core-*.whl >/dev/null 2>&1; then
+  # the wheel came in a stash call (.carry/mc): the call that carries .whl had no room for it
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/.carry/megatron_core-*.whl \
+    || { echo "megatron-core install failed"; exit 1; }
+fi
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 - <<'PY' 2>&1 | tee "$OUT/versions.txt"

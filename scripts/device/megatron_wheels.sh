@@ -11,3 +11,6 @@ SHARED=${SHARED_DEVICE_DIR:-../shared/device}
 MEGATRON_CORE=${MEGATRON_CORE:-megatron-core==0.16.1}
 bash "$SHARED/make_device_wheels.sh" "$MEGATRON_CORE"
 ls .whl/megatron_core-*.whl
+# The same wheel alone in .carry/mc, for calls whose carry is full (.whl + the model's .carry/m2 leave no
+# room): carry .carry/mc in a stash call (install_on_device.sh stash) and megatron_gpu_check.sh installs it.
+mkdir -p .carry/mc && rm -f .carry/mc/megatron_core-*.whl && cp .whl/megatron_core-*.whl .carry/mc/

@@ -53,7 +53,7 @@ for w in "$work"/dl/*.whl; do unzip -q -o "$w" -d "$work/site"; done
 { echo "vllm==$VLLM"; echo "$DEPS" | tr ' ' '\n'; } | sed '/^$/d' > "$work/site/VERL_ASYNC_CARRY_MANIFEST"
 echo "site: $(du -sh "$work/site" | cut -f1) unpacked; compressing (xz -9, a few minutes) ..."
 tar -C "$work/site" -cf - . | xz -9 -T0 > "$work/vllm_site.tar.xz"
-rm -rf .carry && mkdir -p .carry/p1 .carry/p2
+rm -rf .carry/p1 .carry/p2 && mkdir -p .carry/p1 .carry/p2   # the model parts (.carry/m1, m2) stay
 (cd "$work" && split -b "${PART_MIB}m" -d -a 2 vllm_site.tar.xz vllm_site.tar.xz.part)
 mv "$work"/vllm_site.tar.xz.part00 .carry/p1/
 mv "$work"/vllm_site.tar.xz.part* .carry/p2/ 2>/dev/null || true

@@ -14,12 +14,15 @@
 #                      gsm8k  like async, on GSM8K train with the real test split as validation
 #                    Same data, steps, loss and validation otherwise. Layout: 2+ GPUs -> 1 rollout GPU + 1 train
 #                    GPU, weights over NCCL; 1 GPU -> rollout.colocate=true (engine beside the trainer, object store).
-#   queue:P1,P2,...  run phases P1, P2 ... (e.g. train:sync-1,engine) one after another in the background
+#   megatron         scripts/device/megatron_gpu_check.sh ($STORE/megatron_check.tar.gz); megatron-core comes from
+#                    .carry/mc (scripts/device/megatron_wheels.sh), carried in a stash call
+#   queue:P1,P2,...  run phases P1, P2 ... (e.g. train:sync-1,engine) one after another in the background;
+#                    a second queue: phase runs beside the first (on the same GPU: fine for checks, not for timings)
 #                    (setsid: they outlive the call while the machine is held), results in $STORE
 #   wait:SECONDS     wait for the queue (at most SECONDS), then copy what finished since the last wait to $OUT
 # Each run: $STORE/NAME.tar.gz (console.log, tensorboard/, timeline.jsonl/.html, rollout/, config.yaml).
 # STEPS (default 32 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (1e-5), PROMPT_LEN override;
-# ENGINE=vllm (runs named vllm-MODE-SEED; needs the vLLM parts .carry/p1 .carry/p2 from prepare_vllm.sh,
+# train:vllm-MODE-SEED or ENGINE=vllm (runs named vllm-MODE-SEED; needs the vLLM parts .carry/p1 .carry/p2 from prepare_vllm.sh,
 # stashed like the model's) with VLLM_MEM (gpu_memory_utilization, default 0.3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,6 +32,7 @@ mkdir -p "$OUT" "$STORE"
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
 export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
+export VLLM_USE_FLASHINFER_SAMPLER=0   # the carried vLLM has no flashinfer (stripped); its sampler import would fail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
 MODEL=builtin://smollm2-135m-instruct
 DATA=/tmp/data/arith
@@ -38,8 +42,10 @@ TEST_FREQ=${TEST_FREQ:-8}
 LR=${LR:-1e-5}
 status=0
 
-train() {  # train MODE SEED
-  local mode=$1 seed=$2 name="$1-$2" extra data=$DATA plen=${PROMPT_LEN:-256} resp=256 steps=$STEPS layout
+train() {  # train [vllm-]MODE SEED
+  local mode=$1 seed=$2 name="$1-$2" extra data=$DATA plen=${PROMPT_LEN:-256} resp=256 steps=$STEPS layout vllm=0
+  if [ "${mode#vllm-}" != "$mode" ]; then mode=${mode#vllm-} vllm=1; fi
+  if [ "${ENGINE:-native}" = vllm ] && [ $vllm = 0 ]; then vllm=1 name="vllm-$name"; fi
   case "$mode" in
     sync)  extra="async_training.staleness_threshold=0 async_training.partial_rollout=false" ;;
     async|gsm8k) extra="async_training.staleness_threshold=0.5 async_training.partial_rollout=true" ;;
@@ -54,8 +60,7 @@ train() {  # train MODE SEED
     layout="rollout.colocate=true async_training.sync_transport=object_store"
   fi
   local engine="actor_rollout_ref.rollout.name=native"
-  if [ "${ENGINE:-native}" = vllm ]; then  # vLLM beside the trainer: a bounded share of the GPU
-    name="vllm-$name"
+  if [ "$vllm" = 1 ]; then  # vLLM beside the trainer: a bounded share of the GPU
     engine="actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.gpu_memory_utilization=${VLLM_MEM:-0.3}"
   fi
   local dir=/tmp/runs/$name t0=$SECONDS
@@ -90,9 +95,9 @@ train() {  # train MODE SEED
 for phase in "$@"; do
   case "$phase" in
     stash)
-      bash scripts/device/install_on_device.sh stash .carry/m1 .carry/m2 .carry/p1 .carry/p2 ;;
+      bash scripts/device/install_on_device.sh stash .carry/m1 .carry/m2 .carry/p1 .carry/p2 .carry/mc ;;
     setup)
-      bash scripts/device/install_on_device.sh stash .carry/m1 .carry/m2 .carry/p1 .carry/p2
+      bash scripts/device/install_on_device.sh stash .carry/m1 .carry/m2 .carry/p1 .carry/p2 .carry/mc
       bash scripts/device/install_on_device.sh base >/dev/null || status=1
       bash scripts/device/install_on_device.sh model || status=1
       if [ -f /root/.carry/SHA256 ]; then bash scripts/device/install_on_device.sh vllm || status=1; fi
@@ -111,16 +116,16 @@ PY
     queue:*)
       runs=${phase#queue:}
       # shellcheck disable=SC2046
+      n=$(cat "$STORE"/queue.pids 2>/dev/null | wc -l)
       setsid nohup bash scripts/device/real_model_gpu.sh ${runs//,/ } \
-        > "$STORE/queue.log" 2>&1 < /dev/null &
-      echo $! > "$STORE/queue.pid"
-      echo "queued: $runs (pid $(cat "$STORE/queue.pid"))" ;;
+        > "$STORE/queue-$n.log" 2>&1 < /dev/null &
+      echo $! >> "$STORE/queue.pids"
+      echo "queued: $runs (pid $!, log queue-$n.log; queues run side by side)" ;;
     wait:*)
       limit=${phase#wait:} t0=$SECONDS
-      while kill -0 "$(cat "$STORE/queue.pid" 2>/dev/null)" 2>/dev/null && [ $((SECONDS - t0)) -lt "$limit" ]; do
-        sleep 10
-      done
-      cat "$STORE/queue.log"
+      running() { for p in $(cat "$STORE/queue.pids" 2>/dev/null); do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+      while running && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 10; done
+      tail -n 40 "$STORE"/queue-*.log
       for d in /tmp/runs/*/; do  # where each run stands
         [ -f "$d/console.log" ] || continue
         echo "--- $(basename "$d"): $(tr '\r' '\n' < "$d/console.log" | grep -a "training:" | tail -n 1 | cut -c1-150)"
@@ -130,6 +135,12 @@ PY
         [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"
       done
       ls "$OUT" ;;
+    megatron)  # the Megatron GPU check (issue 15) on this machine's GPUs; needs megatron-core (.carry/mc stashed)
+      rm -rf "$STORE/megatron" && mkdir -p "$STORE/megatron"
+      OUT=$STORE/megatron bash scripts/device/megatron_gpu_check.sh > "$STORE/megatron/megatron_check.log" 2>&1 \
+        || status=1
+      tail -n 25 "$STORE/megatron/megatron_check.log"
+      tar czf "$STORE/megatron_check.tar.gz" -C "$STORE" megatron ;;
     engine)
       dir=$(python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('$MODEL'))")
       timeout 240 python3 scripts/bench_engine.py --device cuda --model "$dir" --batches 1,16,64,128 \
