@@ -192,13 +192,13 @@ class MegatronWorker(RankBase):
     def _offload_if_asked(self) -> None:
         # Also on CPU (a host-to-host copy there): the CPU tests exercise the same code path.
         ms = self.ms
+        if ms.optimizer_offload:  # first: it tells its own storage from the model's while both are allocated
+            self._move_optimizer("cpu")
         if ms.param_offload:
             self._offload_storage("actor", self._param_storages(ref=False), keep=True)
         if ms.grad_offload:
             self._offload_storage("grads", [b.grad_data for b in self._ddp_buffers() if b.grad_data is not None],
                                   keep=False)
-        if ms.optimizer_offload:
-            self._move_optimizer("cpu")
         if self.ref_model is not None and ms.ref_param_offload:
             self._offload_storage("ref", self._param_storages(ref=True), keep=True)
         device_layer.empty_cache(self.settings.device)
@@ -242,11 +242,14 @@ class MegatronWorker(RankBase):
     def _move_optimizer(self, where: Any) -> None:
         """Main (fp32) parameters and optimizer states of every sub-optimizer to `where`."""
         subs = getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]
+        # fp32 model parameters sit in the optimizer as views of DDP's buffer: the model's, not moved here
+        model = offload.storage_ptrs([*self._param_storages(ref=False), *self._module(self.model).parameters()])
         for sub in subs:
             inner = getattr(sub, "optimizer", None)
             if inner is None:
                 continue
-            offload.move_params((p for group in inner.param_groups for p in group["params"]), where)
+            offload.move_params((p for group in inner.param_groups for p in group["params"]), where,
+                                model_storages=model)
             offload.move_state(inner.state.values(), where)
 
     # ------------------------------------------------------------------ forward
