@@ -9,22 +9,46 @@ next to it:
   the way a static batch must), counted in useful tokens (sum of targets) per second;
 - the memory-bandwidth roofline: every decode step must read the weights once plus the K/V
   of every cached token it attends to; roofline time = sum over the engine's decode steps of
-  (weight bytes + KV bytes read) / measured device copy bandwidth (prefill not counted).
+  (weight bytes + KV bytes read) / measured device copy bandwidth (prefill not counted);
+- with `--vllm` (CUDA only, needs vLLM; written against 0.26.0): vLLM's offline engine
+  (`vllm.LLM`) on the same GPU and the same workload: per batch size the SAME prompt token
+  ids and the SAME per-request target lengths (`max_tokens = target`, `ignore_eos`,
+  temperature 1, top-k/top-p off, the sampled token's log-prob requested as our rollouts do:
+  `--no-vllm-logprobs` drops it), all submitted in one `llm.generate`, timed after one
+  warm-up generate (other prompts, so no prefix-cache hits). Each response's length is
+  checked against its target; reported as vllm_s, vllm_tok_s (useful tokens / s) and
+  native_vs_vllm = vllm_s / engine_s (> 1: the native engine is faster).
+  Order, so neither holds memory while the other runs: the native engine (and HF) runs every
+  batch first and is released (shutdown, del, gc, empty_cache; what stays reserved is
+  reported), then ONE vLLM engine (max_num_seqs = the largest batch, like the native
+  engine; gpu_memory_utilization = `--vllm-mem`, default 0.5; CUDA graphs on; engine seed
+  `--seed`, no per-request seeds: vLLM samples seeded requests one by one) serves every
+  batch and is released. Engine keywords come from the rollout's own
+  `engine_args_from_config` (token ids in/out, chunked prefill, prefix caching), and the
+  environment of `scripts/device/run_all_gpu.sh` (VLLM_WORKER_MULTIPROC_METHOD=spawn,
+  VLLM_USE_FLASHINFER_SAMPLER=0) is set unless already set. vLLM loads a folder: a local
+  model folder as is; the random-weight model is written to a temporary folder first.
 
 CPU (tiny model, quick):
     python scripts/bench_engine.py --device cpu --batches 1,16,64,256 --out bench/engine_cpu.json
 GPU (random-weight Qwen2.5-0.5B-shaped model in bf16, no hub access):
     python scripts/bench_engine.py --device cuda --out bench/engine_cuda.json
+GPU, next to vLLM (the random-weight model as above, or a local model folder with --model):
+    python scripts/bench_engine.py --device cuda --vllm --out bench/engine_vllm.json
+    python scripts/bench_engine.py --device cuda --model /path/to/model --vllm --vllm-mem 0.5 --out bench/engine_vllm.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import importlib.util
 import json
 import math
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -49,6 +73,12 @@ QWEN25_05B = dict(
     rope_theta=1000000.0,
     rms_norm_eps=1e-6,
 )
+TINY_DIR = os.path.join(tempfile.gettempdir(), "verl_async_bench_tiny")
+# What scripts/device/run_all_gpu.sh exports for vLLM (and VLLMEngine.start sets the first):
+# CUDA is live in this process when vLLM starts its engine core; the carried vLLM has no
+# flashinfer, so its FlashInfer sampler import would fail.
+VLLM_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+VLLM_WARMUP_TOKENS = 8
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,7 +100,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: leave as is)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--vllm", action="store_true", help="also run vLLM's offline engine on the same workload (cuda; needs vLLM)")
+    p.add_argument("--vllm-mem", type=float, default=0.5, help="vLLM gpu_memory_utilization (default 0.5)")
+    p.add_argument("--vllm-logprobs", dest="vllm_logprobs", action="store_true", default=True,
+                   help="vLLM returns the sampled token's log-prob, as the native engine and our rollouts do (default)")
+    p.add_argument("--no-vllm-logprobs", dest="vllm_logprobs", action="store_false")
     args = p.parse_args(argv)
+    if args.vllm and args.device != "cuda":
+        p.error(f"--vllm runs vLLM on the GPU: it needs --device cuda (got --device {args.device})")
+    if not 0.0 < args.vllm_mem <= 1.0:
+        p.error(f"--vllm-mem is a fraction of GPU memory in (0, 1], got {args.vllm_mem}")
     cpu = args.device == "cpu"
     args.model = args.model or ("tiny" if cpu else "qwen2.5-0.5b-random")
     args.prompt_len = args.prompt_len or (16 if cpu else 128)
@@ -87,7 +126,7 @@ def build_model(args, spec):
     if args.model == "tiny":
         from verl_async.models import build_tiny_model_dir, load_causal_lm
 
-        path = build_tiny_model_dir(os.path.join(tempfile.gettempdir(), "verl_async_bench_tiny"))
+        path = build_tiny_model_dir(TINY_DIR)
         return load_causal_lm(path, dtype=dtype, attn_implementation="sdpa", device=spec.torch_device)
     if args.model == "qwen2.5-0.5b-random":
         config = Qwen2Config(**QWEN25_05B, eos_token_id=151645, pad_token_id=151643, bos_token_id=None)
@@ -133,13 +172,26 @@ async def run_engine(engine: NativeEngine, prompts, lengths, tag: str):
     bad = [r.error for r in results if not r.ok]
     if bad:
         raise RuntimeError(f"engine returned errors: {bad[:3]}")
-    got = [len(r.token_ids) for r in results]
-    if got != lengths:
-        raise RuntimeError("engine did not produce the target lengths")
+    check_lengths([len(r.token_ids) for r in results], lengths, "native engine")
     after = engine.profile()
     static = ("weight_bytes", "kv_bytes_per_token", "peak_running")
     delta = {k: (v if k in static else v - before.get(k, 0)) for k, v in after.items()}
     return wall, delta
+
+
+def check_lengths(got: list[int], targets: list[int], who: str) -> int:
+    """The useful tokens of a run (sum of the targets) once every response has exactly its target length.
+
+    Raises RuntimeError naming `who`, how many responses differ and the first few (index: got/target).
+    """
+    if len(got) != len(targets):
+        raise RuntimeError(f"{who} returned {len(got)} responses for {len(targets)} requests")
+    bad = [(i, g, t) for i, (g, t) in enumerate(zip(got, targets)) if g != t]
+    if bad:
+        shown = ", ".join(f"#{i}: {g}/{t}" for i, g, t in bad[:5])
+        raise RuntimeError(f"{who} did not produce the target lengths: {len(bad)} of {len(targets)} responses "
+                           f"differ (got/target {shown})")
+    return sum(targets)
 
 
 def run_hf_generate(model, prompts, lengths, spec, pad_id: int) -> float:
@@ -161,17 +213,22 @@ def run_hf_generate(model, prompts, lengths, spec, pad_id: int) -> float:
     return wall
 
 
-async def bench(args) -> dict:
+async def bench(args, spec) -> tuple[dict, list, str | None]:
+    """The native engine (and HF generate) on every batch: (report, workloads, model folder for vLLM or None).
+
+    Everything on the device (model, engine, graphs) is local here: once this returns, only
+    garbage collection stands between it and free memory (release_device_memory).
+    """
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = device_lib.resolve(args.device)
     if spec.kind != "cpu":
         spec.set_current()
     model = build_model(args, spec).eval().requires_grad_(False)
     vocab = model.get_output_embeddings().weight.shape[0]
+    dtype = next(model.parameters()).dtype
+    vllm_dir = vllm_model_dir(args, model) if args.vllm else None
     bandwidth = copy_bandwidth(spec, nbytes=(1 << 26) if spec.kind == "cpu" else (1 << 30))
-    bucket = args.kv_len_bucket
-    max_model_len = -(-(args.prompt_len + args.max_len) // bucket) * bucket
+    max_model_len = model_len(args)
     rng = torch.Generator().manual_seed(args.seed)
     workloads = [(batch, *workload(args, batch, vocab, rng)) for batch in args.batch_list]
     # One engine for every batch size: graphs are captured (and the decode step compiled) once;
@@ -181,10 +238,10 @@ async def bench(args) -> dict:
         device=spec,
         max_num_seqs=max(args.batch_list),
         max_model_len=max_model_len,
-        max_num_batched_tokens=max(8192, args.prompt_len * 64),
+        max_num_batched_tokens=max_batched_tokens(args),
         cuda_graphs=args.cuda_graphs,
         compile_decode=args.compile,
-        kv_len_bucket=bucket,
+        kv_len_bucket=args.kv_len_bucket,
         seed=args.seed,
     )
     rows = []
@@ -206,15 +263,17 @@ async def bench(args) -> dict:
         meta = {k: prof[k] for k in ("weight_bytes", "kv_bytes_per_token")}
     finally:
         await engine.shutdown()
-    return {
+    report = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "device": describe_device(spec),
         "model": args.model,
-        "dtype": str(next(model.parameters()).dtype),
+        "dtype": str(dtype),
+        "vocab_size": vocab,
         **meta,
         "copy_bandwidth_GBps": bandwidth / 1e9,
         "prompt_len": args.prompt_len,
         "response_len": {"median": args.median_len, "sigma": args.sigma, "max": args.max_len},
+        "max_model_len": max_model_len,
         "cuda_graphs": args.cuda_graphs,
         "compile": args.compile,
         "torch_threads": torch.get_num_threads(),
@@ -222,6 +281,164 @@ async def bench(args) -> dict:
         "graphs": graphs,
         "results": rows,
     }
+    return report, workloads, vllm_dir
+
+
+def model_len(args) -> int:
+    bucket = args.kv_len_bucket
+    return -(-(args.prompt_len + args.max_len) // bucket) * bucket
+
+
+def max_batched_tokens(args) -> int:
+    return max(8192, args.prompt_len * 64)
+
+
+def release_device_memory(spec) -> int | None:
+    """gc + empty the allocator's cache; the bytes torch still reserves on the device (None off CUDA)."""
+    gc.collect()
+    if spec.kind == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return int(torch.cuda.memory_reserved())
+    return None
+
+
+# ---------------------------------------------------------------- vLLM (--vllm)
+
+def require_vllm() -> None:
+    """Fail at once (before the native engine's minutes) when --vllm was asked for and vLLM is absent."""
+    if importlib.util.find_spec("vllm") is None:
+        raise SystemExit("bench_engine.py --vllm needs vLLM (written against 0.26.0), which is not installed here: "
+                         "pip install 'verl_async[vllm]' (or scripts/device/prepare_vllm.sh), or drop --vllm")
+
+
+def import_vllm():
+    """`import vllm` with the repository's vLLM environment (VLLM_ENV, existing values kept)."""
+    for key, value in VLLM_ENV.items():
+        os.environ.setdefault(key, value)
+    try:
+        import vllm
+    except ImportError as exc:
+        raise SystemExit(f"bench_engine.py --vllm could not import vLLM (written against 0.26.0): {exc}") from exc
+    return vllm
+
+
+def vllm_model_dir(args, model) -> str:
+    """A folder vLLM can load holding the benchmarked weights: the tiny model's or a local one, else a temp copy."""
+    if args.model == "tiny":
+        return TINY_DIR
+    if args.model == "qwen2.5-0.5b-random":
+        path = tempfile.mkdtemp(prefix="verl_async_bench_vllm_")
+        model.save_pretrained(path)  # the very random weights the native engine runs, in its dtype
+        return path
+    return args.model
+
+
+def vllm_engine_kwargs(args, model_dir: str, dtype: str) -> dict:
+    """`vllm.LLM` keywords: the rollout's own (engine_args_from_config) sized like the native engine."""
+    from verl_async.rollout.vllm_engine import engine_args_from_config
+
+    cfg = {
+        "dtype": dtype.removeprefix("torch."),
+        "gpu_memory_utilization": args.vllm_mem,
+        "max_num_seqs": max(args.batch_list),
+        "max_num_batched_tokens": max_batched_tokens(args),
+        "max_model_len": model_len(args),
+        "enforce_eager": False,
+        "seed": args.seed,
+    }
+    kwargs = engine_args_from_config(cfg, model_path=model_dir)
+    kwargs.pop("worker_extension_cls", None)  # weight sync only
+    return kwargs
+
+
+def vllm_sampling(lengths: list[int], logprobs: bool) -> list[dict]:
+    """Per-request vLLM SamplingParams keywords: exactly `n` tokens each (ignore_eos, max_tokens = n).
+
+    Built by the rollout's own `vllm_sampling_kwargs` (temperature 1, top-k/top-p off, no
+    detokenizing); no min_tokens (redundant with ignore_eos and no stop tokens, and its logits
+    processor masks EOS, which the native engine does not) and no per-request seed (vLLM
+    samples seeded requests one by one): the lengths are checked after the run instead.
+    """
+    from verl_async.rollout.vllm_engine import vllm_sampling_kwargs
+
+    out = []
+    for n in lengths:
+        kw = vllm_sampling_kwargs(SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True), n)
+        if not logprobs:
+            kw.pop("logprobs")
+            kw.pop("flat_logprobs")
+        out.append(kw)
+    return out
+
+
+def vllm_generate(llm, prompts: list[list[int]], lengths: list[int], logprobs: bool) -> tuple[float, int]:
+    """One timed `llm.generate` of every request at once: (wall seconds, useful tokens after the length check)."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.inputs import TokensPrompt
+
+    inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+    params = [VSamplingParams(**kw) for kw in vllm_sampling(lengths, logprobs)]
+    t0 = time.perf_counter()
+    outs = llm.generate(inputs, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    return wall, check_lengths([len(o.outputs[0].token_ids) for o in outs], lengths, "vLLM")
+
+
+def run_vllm(args, model_dir: str, dtype: str, vocab: int, workloads) -> tuple[dict, list[dict]]:
+    """Build one vLLM engine, warm it, time every workload, release it: (info, [{batch, vllm_s, vllm_tok_s}])."""
+    vllm = import_vllm()
+    kwargs = vllm_engine_kwargs(args, model_dir, dtype)
+    t0 = time.perf_counter()
+    llm = vllm.LLM(**kwargs)
+    build_s = time.perf_counter() - t0
+    rows = []
+    try:
+        # Warm-up: the largest batch with prompts drawn apart from the workloads' (no prefix-cache hits).
+        rng = torch.Generator().manual_seed(args.seed + 1)
+        warm = torch.randint(0, vocab, (max(args.batch_list), args.prompt_len), generator=rng).tolist()
+        t0 = time.perf_counter()
+        vllm_generate(llm, warm, [VLLM_WARMUP_TOKENS] * len(warm), args.vllm_logprobs)
+        warm_s = time.perf_counter() - t0
+        print(f"vLLM {vllm.__version__}: built in {build_s:.1f}s, warm-up {warm_s:.1f}s", flush=True)
+        for batch, prompts, lengths in workloads:
+            wall, tokens = vllm_generate(llm, prompts, lengths, args.vllm_logprobs)
+            rows.append({"batch": batch, "vllm_s": wall, "vllm_tok_s": tokens / wall})
+            print(f"vLLM batch {batch}: {tokens} tokens in {wall:.2f}s = {tokens / wall:.1f} tok/s", flush=True)
+    finally:
+        release_vllm(llm)
+        del llm
+    info = {
+        "version": getattr(vllm, "__version__", "?"),
+        "engine_kwargs": kwargs,
+        "env": {k: os.environ.get(k) for k in VLLM_ENV},
+        "logprobs": args.vllm_logprobs,
+        "build_s": build_s,
+        "warmup_s": warm_s,
+    }
+    return info, rows
+
+
+def release_vllm(llm) -> None:
+    """Stop vLLM's engine core (its child process holds the GPU memory), then gc + empty_cache here."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        try:
+            core.shutdown()
+        except Exception as exc:  # noqa: BLE001  a failed shutdown must not hide the results
+            print(f"vLLM engine core shutdown failed: {type(exc).__name__}: {exc}", flush=True)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def merge_vllm(rows: list[dict], vllm_rows: list[dict]) -> None:
+    """Add vllm_s, vllm_tok_s and native_vs_vllm (= vllm_s / engine_s: > 1 when native is faster) to each row."""
+    by_batch = {r["batch"]: r for r in vllm_rows}
+    for row in rows:
+        v = by_batch.get(row["batch"])
+        if v is not None:
+            row.update(vllm_s=v["vllm_s"], vllm_tok_s=v["vllm_tok_s"], native_vs_vllm=v["vllm_s"] / row["engine_s"])
 
 
 def summarize(batch: int, lengths: list[int], wall: float, prof: dict, bandwidth: float) -> dict:
@@ -251,14 +468,15 @@ def describe_device(spec) -> str:
 
 HEADER = (
     f"{'batch':>5} {'tokens':>7} {'len mean/max':>13} {'engine tok/s':>12} {'HF tok/s':>9} {'x HF':>6} "
-    f"{'roofline tok/s':>14} {'% roof':>6} {'prefill%':>8} {'ms/decode':>9}"
+    f"{'vLLM tok/s':>10} {'x vLLM':>6} {'roofline tok/s':>14} {'% roof':>6} {'prefill%':>8} {'ms/decode':>9}"
 )
 
 
 def format_row(r: dict) -> str:
     hf = f"{r['hf_tok_s']:9.1f} {r['speedup_vs_hf']:6.2f}" if "hf_tok_s" in r else f"{'-':>9} {'-':>6}"
+    vl = f"{r['vllm_tok_s']:10.1f} {r['native_vs_vllm']:6.2f}" if "vllm_tok_s" in r else f"{'-':>10} {'-':>6}"
     return (
-        f"{r['batch']:5d} {r['tokens']:7d} {r['len_mean']:6.1f}/{r['len_max']:<6d} {r['engine_tok_s']:12.1f} {hf} "
+        f"{r['batch']:5d} {r['tokens']:7d} {r['len_mean']:6.1f}/{r['len_max']:<6d} {r['engine_tok_s']:12.1f} {hf} {vl} "
         f"{r['roofline_tok_s']:14.1f} {100 * r['roofline_frac']:6.1f} {100 * r['prefill_share']:8.1f} "
         f"{r['decode_ms_per_step']:9.2f}"
     )
@@ -266,8 +484,25 @@ def format_row(r: dict) -> str:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.vllm:
+        require_vllm()
+    spec = device_lib.resolve(args.device)
     print(HEADER, flush=True)
-    report = asyncio.run(bench(args))
+    report, workloads, vllm_dir = asyncio.run(bench(args, spec))
+    report["vllm"] = None
+    if args.vllm:
+        try:
+            reserved = release_device_memory(spec)  # the native engine's memory, before vLLM sizes its KV cache
+            report["native_reserved_after_release_bytes"] = reserved
+            print(f"native engine released: {(reserved or 0) / 2**30:.2f} GiB still reserved by torch", flush=True)
+            report["vllm"], vllm_rows = run_vllm(args, vllm_dir, report["dtype"], report["vocab_size"], workloads)
+        finally:
+            if vllm_dir and vllm_dir.startswith(os.path.join(tempfile.gettempdir(), "verl_async_bench_vllm_")):
+                shutil.rmtree(vllm_dir, ignore_errors=True)
+        merge_vllm(report["results"], vllm_rows)
+        print(HEADER)
+        for row in report["results"]:
+            print(format_row(row))
     print(f"device: {report['device']}  model: {report['model']} ({report['dtype']})  "
           f"copy bandwidth: {report['copy_bandwidth_GBps']:.1f} GB/s")
     if args.out:

@@ -17,6 +17,17 @@ real tokens). It also times `compute_log_prob` (forward only).
 for its padding. Before timing, packed and padded log-probs of the same rows are
 compared (max |diff|; bf16 on GPU, so ~1e-2 is normal, > 0.5 means a broken attention
 path). Prints a table and writes JSON (`--out`).
+
+`--profile DIR`: after the timed steps of each configuration, one more step (the last
+batch again, not counted in the timings) runs under torch.profiler inside every trainer
+rank; each rank writes `DIR/w<world>_<attn>_<layout>_rank<r>.json.gz` (Chrome trace) and
+the row gets `profile`: per rank, device time by category (attention, GEMMs of MLP /
+attention projections / LM head, log-prob + entropy, optimizer, grad clip, NCCL, ...),
+by phase, and the step's wall time, device-busy time and idle gap (CUDA kernel time on
+GPU, CPU op self time on CPU; verl_async/utils/profile_summary.py). Profiling slows the
+step a little (wall_ms vs step_s shows how much).
+
+    python scripts/bench_train.py --device cuda --gpus 1 --attn varlen --layouts packed --profile prof
 """
 
 from __future__ import annotations
@@ -172,6 +183,11 @@ def bench_group(world: int, attn: str, model_dir: str, args, peak_flops: float) 
                     lp_time, lp_tokens = lp_time + t_lp, lp_tokens + real
                     step_time, tokens = step_time + t_up, tokens + real
                     mem = max(mem, m["perf/max_memory_allocated_gb"])
+            profile = None
+            if args.profile:
+                tag = f"w{world}_{attn}_{layout}"
+                profile = group.update(batches[-1], profile={"dir": os.path.abspath(args.profile), "tag": tag})[
+                    "perf/profile"]
             tps = tokens / step_time
             rows.append({
                 "world": world, "attn": info[0]["attn_implementation"], "layout": layout, "params": params,
@@ -182,6 +198,8 @@ def bench_group(world: int, attn: str, model_dir: str, args, peak_flops: float) 
                 "step_s": step_time / args.steps, "init_s": init_s, "packed_vs_padded_max_abs_diff": check,
             })
             print(json.dumps(rows[-1]), flush=True)
+            if profile is not None:
+                rows[-1]["profile"] = profile
     except Exception as exc:  # noqa: BLE001 - one broken configuration must not hide the others
         traceback.print_exc()
         rows.append({"world": world, "attn": attn, "error": f"{type(exc).__name__}: {exc}"})
@@ -203,6 +221,17 @@ def print_table(rows: list[dict], peak_flops: float) -> None:
         print(f"{r['world']:>4} {r['attn']:>18} {r['layout']:>7} {r['train_tokens_per_s']:>10.0f} "
               f"{r['train_tokens_per_s_per_gpu']:>10.0f} {100 * r['mfu']:>5.1f}% {r['peak_mem_gb']:>8.2f} "
               f"{r['logprob_tokens_per_s_per_gpu']:>12.0f} {r['packed_vs_padded_max_abs_diff']:>15.2e}")
+    print_profiles(rows)
+
+
+def print_profiles(rows: list[dict]) -> None:
+    from verl_async.utils.profile_summary import format_table
+
+    for r in rows:
+        for summary in r.get("profile") or []:
+            if summary:
+                print("\n" + format_table(summary, f"profile: {r['world']} gpu(s) {r['attn']} {r['layout']} "
+                                                   f"rank {summary['rank']} (step_s {r['step_s']:.3f})"))
 
 
 def main(argv=None) -> int:
@@ -224,6 +253,8 @@ def main(argv=None) -> int:
     p.add_argument("--offload", action="store_true", help="fsdp_config.offload_policy (params/grads/optim on CPU)")
     p.add_argument("--model-dir", default=None, help="reuse/cache the random model here")
     p.add_argument("--out", default="bench/train_bench.json")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="profile one extra step per configuration: Chrome traces in DIR, summary in the JSON")
     args = p.parse_args(argv)
     if args.tiny:
         args.micro_tokens = min(args.micro_tokens, 256)

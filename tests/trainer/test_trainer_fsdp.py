@@ -217,6 +217,28 @@ def test_non_finite_loss_skips_the_step_and_keeps_weights(groups, batch):
     assert ok["actor/skipped_steps"] == 0.0 and ok["actor/optimizer_steps"] == 2.0
 
 
+def test_update_profile_summary_per_rank_and_same_numbers(groups, batch, tmp_path):
+    g = reset(groups[2])
+    plain = g.update(batch)
+    assert "perf/profile" not in plain
+    expected = weights(g)
+    g = reset(groups[2])
+    m = g.update(batch, profile={"dir": str(tmp_path), "tag": "step"})
+    assert all(torch.equal(expected[k], v) for k, v in weights(g).items()), "profiling changed the step"
+    assert m["actor/loss"] == pytest.approx(plain["actor/loss"], abs=1e-6)
+    summaries = m["perf/profile"]
+    assert [s["rank"] for s in summaries] == [0, 1]
+    for s in summaries:
+        assert s["mode"] == "cpu" and os.path.getsize(s["trace"]) > 0
+        assert s["trace"] == str(tmp_path / f"step_rank{s['rank']}.json.gz")
+        cats = s["categories"]
+        for c in ("attention", "gemm: mlp", "gemm: attn proj", "gemm: lm head", "logprob/entropy", "optimizer",
+                  "comm: all-gather", "comm: reduce-scatter", "comm: all-reduce"):
+            assert cats.get(c, 0) > 0, (c, cats)
+        assert {"forward", "logprob", "loss", "backward", "grad_clip", "optimizer"} <= set(s["phases"])
+        assert 0 < s["busy_ms"] <= s["wall_ms"]
+
+
 def test_export_hf_loads_with_transformers(groups, batch, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

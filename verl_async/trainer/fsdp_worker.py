@@ -19,6 +19,7 @@ slime found that drifts (KL != 0 on the first step).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any, Iterator, Optional, Sequence
@@ -72,6 +73,7 @@ class FSDPWorker(RankBase):
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.lr_scheduler: Any = None
         self.compute_dtype = self.settings.param_dtype
+        self._profiling = False  # update(profile=...): `verl::*` ranges for the profile summary
 
     # ------------------------------------------------------------------ setup
     def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
@@ -154,17 +156,24 @@ class FSDPWorker(RankBase):
         offload.move_state(self.optimizer.state.values(), where)
 
     # ------------------------------------------------------------------ forward
+    def _range(self, phase: str):
+        """`record_function('verl::<phase>')` while profiling (verl_async.utils.profile_summary), else nothing."""
+        return torch.profiler.record_function(f"verl::{phase}") if self._profiling else contextlib.nullcontext()
+
     def _forward(self, model, inp: ModelInputs, *, with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
         """(logp [b,T], entropy [b,T] or None, anchor): anchor is a zero that touches the whole graph."""
-        inp = inp.to(self.device.torch_device)
-        out = model(**inp.model_kwargs())
+        with self._range("inputs"):
+            inp = inp.to(self.device.torch_device)
+        with self._range("forward"):
+            out = model(**inp.model_kwargs())
         logits = out.logits
         labels = inp.labels.to(logits.device)
         temperature = self.settings.temperature
-        if with_entropy:
-            raw_logp, raw_ent = logprobs_and_entropy(logits, labels, temperature)
-        else:
-            raw_logp, raw_ent = logprobs_from_logits(logits, labels, temperature), None
+        with self._range("logprob"):
+            if with_entropy:
+                raw_logp, raw_ent = logprobs_and_entropy(logits, labels, temperature)
+            else:
+                raw_logp, raw_ent = logprobs_from_logits(logits, labels, temperature), None
         anchor = torch.where(torch.isfinite(raw_logp), raw_logp, torch.zeros_like(raw_logp)).sum() * 0.0
         logp = inp.scatter(raw_logp)
         ent = inp.scatter(raw_ent) if raw_ent is not None else None
@@ -198,12 +207,30 @@ class FSDPWorker(RankBase):
         return out.result(batch["responses"].shape[1], calculate_entropy)
 
     # ------------------------------------------------------------------ update
-    def update(self, batch: TensorDict, plans: list[MiniBatchPlan], loss_keys: list[str]) -> dict[str, Any]:
+    def update(self, batch: TensorDict, plans: list[MiniBatchPlan], loss_keys: list[str],
+               profile: Optional[dict] = None) -> dict[str, Any]:
         """One training step: every mini-batch of `plans` is one optimizer step (PPO epochs included).
 
         `batch` carries `loss_mask` (the response mask after rollout correction), and the
         [B,T] tensors named in `loss_keys`. Returns metrics (identical on all ranks).
+        `profile={"dir": ..., "tag": ...}` runs this step under torch.profiler: the trace goes to
+        `dir/<tag>_rank<r>.json.gz`, the summary to `perf/profile` (verl_async.utils.profile_summary).
         """
+        if not profile:
+            return self._update(batch, plans, loss_keys)
+        from verl_async.utils.profile_summary import profile_call
+
+        trace = os.path.join(profile["dir"], f"{profile.get('tag', 'update')}_rank{self.rank}.json.gz")
+        self._profiling = True
+        try:
+            summary, metrics = profile_call(lambda: self._update(batch, plans, loss_keys), device=self.settings.device,
+                                            model=self.model, trace_path=trace)
+        finally:
+            self._profiling = False
+        metrics["perf/profile"] = {"rank": self.rank, **summary}
+        return metrics
+
+    def _update(self, batch: TensorDict, plans: list[MiniBatchPlan], loss_keys: list[str]) -> dict[str, Any]:
         s = self.settings
         cfg = LossConfig.from_settings(s)
         horizon = max(s.response_length or 0, batch["responses"].shape[1])
@@ -223,15 +250,18 @@ class FSDPWorker(RankBase):
             local = {k: 0.0 for k in METRIC_KEYS}
             bad = 0.0
             for rows in plan.micro[self.rank]:
-                inp = self._inputs(batch, rows)
+                with self._range("inputs"):
+                    inp = self._inputs(batch, rows)
                 stats.tokens += inp.num_tokens if rows else 0
                 logp, ent, anchor = self._forward(self.model, inp, with_entropy=want_entropy)
                 loss = anchor
                 if rows:
-                    data = {k: v.to(logp.device) for k, v in gather_rows(batch, rows, loss_keys).items()}
-                    micro_loss, m, error = guarded_actor_loss(logp, ent, data, cfg, rows=rows,
-                                                              global_tokens=plan.num_tokens,
-                                                              global_seqs=plan.num_seqs, loss_scale_factor=horizon)
+                    with self._range("loss"):
+                        data = {k: v.to(logp.device) for k, v in gather_rows(batch, rows, loss_keys).items()}
+                        micro_loss, m, error = guarded_actor_loss(logp, ent, data, cfg, rows=rows,
+                                                                  global_tokens=plan.num_tokens,
+                                                                  global_seqs=plan.num_seqs,
+                                                                  loss_scale_factor=horizon)
                     if error is not None:
                         bad = 1.0
                         stats.errors.append(error)
@@ -240,11 +270,14 @@ class FSDPWorker(RankBase):
                         for k, v in m.items():
                             local[k] += v
                 # FSDP averages gradients over ranks; the shares are sums: undo the average.
-                (loss * self.world_size).backward()
-            reduced = self._all_reduce_sum([local[k] for k in METRIC_KEYS] + [bad])
+                with self._range("backward"):
+                    (loss * self.world_size).backward()
+            with self._range("metrics"):
+                reduced = self._all_reduce_sum([local[k] for k in METRIC_KEYS] + [bad])
             step_metrics = dict(zip(METRIC_KEYS, reduced[:-1]))
             bad_any = reduced[-1] > 0 or not all(np.isfinite(v) for v in step_metrics.values())
-            grad_norm = self._clip_grad_norm()
+            with self._range("grad_clip"):
+                grad_norm = self._clip_grad_norm()
             skip = bad_any or not np.isfinite(grad_norm)
             if skip:
                 reason = self._skip_reason(stats, bad_any)  # before the gradients are dropped
@@ -254,8 +287,9 @@ class FSDPWorker(RankBase):
                                    "step skipped (%d skipped so far)", self.rank, self.global_step, reason, grad_norm,
                                    self.skipped_steps + stats.skipped + 1)
             else:
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                with self._range("optimizer"):
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
             stats.add_step(step_metrics, grad_norm, skip)
         self.lr_scheduler.step()
         self.global_step += 1

@@ -267,8 +267,13 @@ class RayWorkerGroup:
         return logp, ent
 
     # ------------------------------------------------------------------ update
-    def update(self, batch: TensorDict) -> dict[str, Any]:
-        """One training step on the batch; returns metrics (actor/*, mismatch/*, perf/*)."""
+    def update(self, batch: TensorDict, *, profile: Optional[dict] = None) -> dict[str, Any]:
+        """One training step on the batch; returns metrics (actor/*, mismatch/*, perf/*).
+
+        `profile={"dir": ..., "tag": ...}` (FSDP ranks): the step runs under torch.profiler on
+        every rank; `perf/profile` is then the list of the ranks' summaries (see
+        verl_async.utils.profile_summary) and each rank writes `dir/<tag>_rank<r>.json.gz`.
+        """
         import ray
 
         s = self.settings
@@ -310,9 +315,12 @@ class RayWorkerGroup:
                             max_tokens=s.ppo_max_token_len_per_gpu)
         loss_keys = [k for k in ("loss_mask", "old_log_probs", "advantages", "is_weights", "ref_log_prob") if k in send]
         ref = ray.put(TensorDict(send, batch_size=batch.batch_size))
-        refs = [w.update.remote(ref, plans, loss_keys) for w in self.workers]
+        extra = {"profile": profile} if profile else {}
+        refs = [w.update.remote(ref, plans, loss_keys, **extra) for w in self.workers]
         outs = self._wait(refs, "update")
         metrics.update(outs[0])
+        if profile:
+            metrics["perf/profile"] = [o.get("perf/profile") for o in outs]
         reasons = list(dict.fromkeys(r for o in outs for r in o.get("actor/skip_reasons", [])))
         if reasons:  # with pipeline parallelism only the last stage sees the loss
             metrics["actor/skip_reasons"] = reasons[:4]
