@@ -89,3 +89,22 @@ def test_filter_top_k_top_p_keeps_at_least_one_token():
     out = filter_top_k_top_p(scaled, [-1, 1], [1e-6, 1.0])
     assert torch.isfinite(out).sum(-1).tolist() == [1, 1]
     assert math.isinf(out[0, 1].item())
+
+
+def test_reused_plan_draws_like_fresh_settings():
+    """A SamplingPlan built once and reused step after step gives the numbers of per-step lists."""
+    from verl_async.rollout.native.sampler import SamplingPlan, sample_with_plan
+
+    settings = ([0.7, 0.0, 1.3, 1.0, 0.0], [-1, 3, 0, 4, 2], [1.0, 0.9, 0.5, 1.0, 1.0])
+    logits = torch.randn(5, 10, generator=torch.Generator().manual_seed(1))
+
+    def seeded():
+        return [None, None, torch.Generator().manual_seed(3), None, torch.Generator().manual_seed(4)]
+
+    gens_a, gens_b = seeded(), seeded()
+    default_a, default_b = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    plan = SamplingPlan(*settings, gens_b, vocab=10)
+    for _ in range(4):
+        ta, la = sample_tokens(logits, *settings, gens_a, default_a)
+        tb, lb = sample_with_plan(logits, plan, default_b)
+        assert torch.equal(ta, tb) and torch.equal(la, lb)

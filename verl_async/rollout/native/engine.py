@@ -48,7 +48,7 @@ import torch
 
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.native.runner import ModelRunner
-from verl_async.rollout.native.sampler import sample_tokens
+from verl_async.rollout.native.sampler import SamplingPlan, sample_with_plan
 from verl_async.rollout.native.scheduler import Scheduler, Sequence
 from verl_async.rollout.native.weights import WeightLoader
 from verl_async.utils import device as device_lib
@@ -172,7 +172,10 @@ class NativeEngine(InferenceEngine):
         self._generated = 0
         self._kv_used = 0
         self._rate_events: collections.deque[tuple[float, int]] = collections.deque()
+        self._rate_sum = 0  # tokens in _rate_events
         self._rate = 0.0
+        self._max_cache_len = 0  # largest cache length (next decode position) among the running
+        self._decode_plan: Optional[SamplingPlan] = None  # sampling settings of the running batch
         self._profile = collections.Counter()
         # worker
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -426,6 +429,8 @@ class NativeEngine(InferenceEngine):
         return await asyncio.wrap_future(self._post(fn, *args))
 
     def _drain(self) -> None:
+        if self._commands.empty():  # the usual case between two steps
+            return
         while True:
             try:
                 fn, args, fut = self._commands.get_nowait()
@@ -461,67 +466,89 @@ class NativeEngine(InferenceEngine):
             self._retire()  # no command can be queued any more: _stop closed _post under its lock
 
     def _step(self) -> None:
-        admitted = self._sched.admit()
+        sched, runner = self._sched, self._runner
+        admitted = sched.admit() if sched.waiting else []
         if admitted:
             t0 = time.perf_counter()
             contexts = [s.context for s in admitted]
+            slots = [s.slot for s in admitted]
             try:
-                logits = self._runner.prefill(contexts, [s.slot for s in admitted])
+                logits = runner.prefill(contexts, slots)
                 for seq, ctx in zip(admitted, contexts):
                     seq.cache_len = len(ctx)
-                self._sample(admitted, logits)
+                tokens, log_probs = sample_with_plan(logits, self._plan_for(admitted, logits), self._generator)
+                runner.set_rows(slots, tokens, [len(ctx) for ctx in contexts])
+                self._record(admitted, *runner.to_host(tokens, log_probs), decoded=False)
             except Exception as exc:  # noqa: BLE001 - fail this prefill's requests, keep serving
                 logger.exception("native engine: prefill of %d request(s) failed", len(admitted))
                 self._fail(admitted, exc)
             self._count("prefill", len(admitted), sum(map(len, contexts)), t0)
             self._retire()
-        running = list(self._sched.running)
+        running = sched.running
         if running:
             t0 = time.perf_counter()
-            positions = [s.cache_len for s in running]
+            rows = len(running)
+            kv_tokens = self._kv_used + rows  # keys read: every cached token plus the new one, per row
             try:
-                logits = self._runner.decode([s.token_ids[-1] for s in running], positions)
-                for seq in running:
-                    seq.cache_len += 1
-                self._sample(running, logits)
+                logits = runner.decode(rows, self._max_cache_len)
+                plan = self._decode_plan
+                if plan is None:  # the batch changed since the last step
+                    plan = self._decode_plan = self._plan_for(running, logits)
+                tokens, log_probs = sample_with_plan(logits, plan, self._generator)
+                runner.advance(rows, tokens)
+                done = self._record(running, *runner.to_host(tokens, log_probs), decoded=True)
             except Exception as exc:  # noqa: BLE001
-                logger.exception("native engine: decode step of %d sequence(s) failed", len(running))
+                logger.exception("native engine: decode step of %d sequence(s) failed", rows)
                 self._fail(running, exc)
-            self._count("decode", len(running), sum(positions) + len(running), t0)
-            self._retire()
+                done = True
+            self._count("decode", rows, kv_tokens, t0)
+            if done:
+                self._retire()
+            else:  # every row is one token longer, nothing else changed
+                self._kv_used += rows
+                self._max_cache_len += 1
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+    def _plan_for(self, seqs: list[Sequence], logits: torch.Tensor) -> SamplingPlan:
         sps = [s.request.sampling for s in seqs]
-        tokens, log_probs = sample_tokens(
-            logits,
+        return SamplingPlan(
             [sp.temperature for sp in sps],
             [sp.top_k for sp in sps],
             [sp.top_p for sp in sps],
             [s.generator for s in seqs],
-            self._generator,
+            vocab=logits.size(-1),
+            device=logits.device,
         )
-        host = torch.stack([tokens.double(), log_probs.double()]).cpu().tolist()
-        for seq, token, log_prob in zip(seqs, *host):
-            if not math.isfinite(log_prob):
+
+    def _record(self, seqs: list[Sequence], tokens: list[int], log_probs: list[float], *, decoded: bool) -> bool:
+        """Append each row's sampled token; True if any sequence finished (stop, length or bad logits)."""
+        version = self._version
+        isfinite = math.isfinite
+        done = False
+        for seq, token, log_prob in zip(seqs, tokens, log_probs):
+            if decoded:
+                seq.cache_len += 1
+            if not isfinite(log_prob):
                 seq.error = f"request {seq.request_id!r}: the model produced NaN/Inf logits"
                 seq.finish_reason = "abort"
-                continue
-            seq.append(int(token), log_prob, self._version)
+                done = True
+            elif seq.append(token, log_prob, version):
+                done = True
         self._note_tokens(len(seqs))
+        return done
 
     def _note_tokens(self, n: int) -> None:
         now = time.monotonic()
         self._generated += n
         events = self._rate_events
         events.append((now, n))
+        self._rate_sum += n
         while events and events[0][0] < now - _RATE_WINDOW_S:
-            events.popleft()
+            self._rate_sum -= events.popleft()[1]
         span = max(now - events[0][0], 1e-3) if len(events) > 1 else _RATE_WINDOW_S
-        self._rate = sum(k for _, k in events) / span
+        self._rate = self._rate_sum / span
 
     def _count(self, kind: str, rows: int, kv_tokens: int, t0: float) -> None:
-        if self._spec.kind != "cpu":
-            self._spec.synchronize()  # honest step timings (the sampled tokens were copied to host anyway)
+        # no device sync needed for honest timings: to_host waited for this step's sampled tokens
         p = self._profile
         p[f"{kind}_steps"] += 1
         p[f"{kind}_rows"] += rows
@@ -535,12 +562,17 @@ class NativeEngine(InferenceEngine):
                 seq.finish_reason = "abort"
 
     def _retire(self) -> None:
+        """Drop finished sequences, compact the slots, deliver the results; run whenever the batch may have changed."""
         finished, src, dst = self._sched.finish()
+        running = self._sched.running
+        length = 0
         if src:
             targets = set(dst)
-            length = max(s.cache_len for s in self._sched.running if s.slot in targets)
-            self._runner.cache.move(src, dst, length)
-        self._kv_used = sum(s.cache_len for s in self._sched.running)
+            length = max(s.cache_len for s in running if s.slot in targets)
+        self._runner.move_rows(src, dst, length, len(running))
+        self._kv_used = sum(s.cache_len for s in running)
+        self._max_cache_len = max((s.cache_len for s in running), default=0)
+        self._decode_plan = None  # rows may have moved, joined or left
         for seq in finished:
             seq.deliver(seq.result())
 

@@ -14,7 +14,7 @@ implements it for two modes the runner switches between before each forward:
   the sequences' slots and attention runs on the new keys only (causal);
 - decode: one new token per running sequence at its own position; attention reads the
   slot rows `0..B-1` up to `L`, masked per row to the sequence's length.
-The attention masks are built here too (bool for SDPA, additive float for eager).
+The attention masks are built here too (additive float, built once per forward and shared by the layers).
 """
 
 from __future__ import annotations
@@ -97,12 +97,13 @@ class SlotKVCache:
 
 
 def _to_mask_kind(allowed: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
-    if attn_implementation == "sdpa":
-        return allowed
-    # eager adds the mask to the scores
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-        ~allowed, torch.finfo(dtype).min
-    )
+    if attn_implementation == "sdpa" and allowed.device.type == "npu":
+        return allowed  # HF's SDPA path on Ascend wants bool masks (it inverts any other kind)
+    # Additive masks. Eager adds them to the scores. SDPA turns a bool mask into exactly this
+    # additive one (0 / -inf in the query dtype: torch's convert_boolean_attn_mask) in every
+    # layer, i.e. ~4 more kernels per layer per step; built once here, the numbers are the same.
+    fill = float("-inf") if attn_implementation == "sdpa" else torch.finfo(dtype).min
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, fill)
 
 
 def _collapse(masks: dict[str, torch.Tensor], layer_types: list[str]):

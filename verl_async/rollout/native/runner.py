@@ -107,18 +107,74 @@ class ModelRunner:
         self._compiled = torch.compile(self._forward_decode, dynamic=True) if compile_decode else None
         self._graphs: dict[tuple[int, int], Callable[[], None]] = {}
         self._pool = None
-        # Static decode: fixed input/output buffers and (batch, KV length) buckets, so that each
-        # bucket's step can be replayed as a CUDA graph. Off means exact shapes, eager.
+        # Decode inputs live on the device, one entry per slot, and are updated in place by
+        # `set_rows` (after a prefill), `advance` (after a decode step: the sampled tokens are
+        # the next inputs, positions + 1) and `move_rows` (compaction), so a decode step builds
+        # nothing from Python lists and copies nothing host->device. Row r holds the last sampled
+        # token of the sequence in slot r and the position it goes to (its cache length); rows
+        # of free slots hold position 0 (see move_rows), so a padded graph row writes only
+        # position 0 of a free slot. These are the CUDA graphs' static inputs: never rebound.
+        dev, slots = device.torch_device, self.cache.num_slots
+        self._ids = torch.zeros(slots, dtype=torch.long, device=dev)
+        self._pos = torch.zeros(slots, dtype=torch.long, device=dev)
+        # one device->host copy per step on CUDA: sampled ids and log-probs, asynchronously into
+        # pinned buffers, then one wait (elsewhere: .tolist(), which copies and waits itself)
+        self._pinned = device.kind == "cuda"
+        if self._pinned:
+            self._host_ids = torch.zeros(slots, dtype=torch.long, pin_memory=True)
+            self._host_lps = torch.zeros(slots, dtype=torch.float32, pin_memory=True)
+            self._copied = torch.cuda.Event()
+        # Static decode: fixed output buffer and (batch, KV length) buckets, so that each bucket's
+        # step can be replayed as a CUDA graph. Off means exact shapes, eager.
         self.static_decode = False
         if cuda_graphs and device.kind == "cuda":
             self._enable_static_decode()
 
     def _enable_static_decode(self) -> None:
         dev, slots = self.device.torch_device, self.cache.num_slots
-        self._ids = torch.zeros(slots, dtype=torch.long, device=dev)
-        self._pos = torch.zeros(slots, dtype=torch.long, device=dev)
         self._logits = torch.zeros(slots, self.vocab_size, dtype=torch.float32, device=dev)
         self.static_decode = True
+
+    # ------------------------------------------------------------------ decode inputs (device-resident)
+    def set_rows(self, slots: list[int], tokens: torch.Tensor, positions: list[int]) -> None:
+        """After a prefill: slots[i]'s next decode input is tokens[i] at position positions[i]."""
+        dev = self.device.torch_device
+        index = torch.tensor(slots, dtype=torch.long, device=dev)
+        self._ids.index_copy_(0, index, tokens.to(torch.long))
+        self._pos.index_copy_(0, index, torch.tensor(positions, dtype=torch.long, device=dev))
+
+    def advance(self, rows: int, tokens: torch.Tensor) -> None:
+        """After a decode step of rows 0..rows-1: their sampled tokens are the next inputs, one position on."""
+        self._ids[:rows].copy_(tokens)
+        self._pos[:rows].add_(1)
+
+    def move_rows(self, src: list[int], dst: list[int], length: int, live: int) -> None:
+        """Compaction: slots `src` move to `dst` (KV up to `length` and decode inputs); rows >= `live` are freed."""
+        if src:
+            self.cache.move(src, dst, length)
+            dev = self.device.torch_device
+            src_t = torch.tensor(src, dtype=torch.long, device=dev)
+            dst_t = torch.tensor(dst, dtype=torch.long, device=dev)
+            self._ids.index_copy_(0, dst_t, self._ids.index_select(0, src_t))
+            self._pos.index_copy_(0, dst_t, self._pos.index_select(0, src_t))
+        # a free row keeps position 0: a padded graph row then writes inside its (free) slot;
+        # a finished row's position can be slot_len after its last step
+        self._pos[live:].zero_()
+
+    def to_host(self, tokens: torch.Tensor, log_probs: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Sampled ids and float32 log-probs as Python lists: one device->host transfer and one wait."""
+        if self.device.kind == "cpu":
+            return tokens.tolist(), log_probs.tolist()
+        n = tokens.numel()
+        if not self._pinned:  # NPU: one synchronous copy of both
+            host = torch.stack([tokens.double(), log_probs.double()]).cpu()
+            return [int(t) for t in host[0].tolist()], host[1].tolist()
+        ids, lps = self._host_ids[:n], self._host_lps[:n]
+        ids.copy_(tokens, non_blocking=True)
+        lps.copy_(log_probs, non_blocking=True)
+        self._copied.record()
+        self._copied.synchronize()  # the pinned buffers hold this step's values (and the step is done)
+        return ids.tolist(), lps.tolist()
 
     @property
     def weight_bytes(self) -> int:
@@ -193,23 +249,17 @@ class ModelRunner:
             return need
         return min(self.cache.slot_len, -(-need // self.kv_len_bucket) * self.kv_len_bucket)
 
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
-        """One token for each of the rows 0..B-1 (slot b = row b); return [B, V] logits."""
-        rows = len(tokens)
-        kv_len = self.kv_len_for(max(positions))
+    def decode(self, rows: int, max_position: int) -> torch.Tensor:
+        """One token for each of the rows 0..rows-1 (slot b = row b) from the device-resident inputs
+        (see set_rows / advance); `max_position` is the largest of their positions. Return [rows, V] logits."""
+        kv_len = self.kv_len_for(max_position)
         if not self.static_decode:
-            dev = self.device.torch_device
-            ids = torch.tensor(tokens, dtype=torch.long, device=dev)
-            pos = torch.tensor(positions, dtype=torch.long, device=dev)
-            return self._decode_fn(ids, pos, kv_len)
+            return self._decode_fn(self._ids[:rows], self._pos[:rows], kv_len)
         padded = self._batch_buckets[bisect.bisect_left(self._batch_buckets, rows)]
-        pad = padded - rows
-        # padding rows write position 0 of free slots (rows >= B are never live): harmless
-        self._ids[:padded].copy_(torch.tensor(tokens + [0] * pad, dtype=torch.long))
-        self._pos[:padded].copy_(torch.tensor(positions + [0] * pad, dtype=torch.long))
+        # padding rows (free slots, position 0) write position 0 of their free slot: harmless
         replay = self._graphs.get((padded, kv_len)) or self._capture(padded, kv_len)
         if replay is None:  # capture failed: the runner fell back to eager
-            return self.decode(tokens, positions)
+            return self.decode(rows, max_position)
         replay()
         return self._logits[:rows]
 
@@ -249,7 +299,7 @@ class ModelRunner:
         return graph.replay
 
     def warmup(self, max_batch: Optional[int] = None, max_kv_len: Optional[int] = None) -> int:
-        """Capture every decode graph up to (max_batch, max_kv_len) now; call only while no sequence runs.
+        """Capture every decode graph up to (max_batch, max_kv_len) now (best while no sequence runs).
 
         Returns the number of graphs captured. Without graphs but with `compile_decode`, runs
         the decode step at a few shapes so that compilation (batch 1 is specialised, then the
@@ -268,8 +318,8 @@ class ModelRunner:
         batches.append(self._batch_buckets[bisect.bisect_left(self._batch_buckets, max_batch)])
         lens = list(range(self.kv_len_bucket, max_kv_len, self.kv_len_bucket)) + [self.kv_len_for(max_kv_len - 1)]
         for batch in batches:
-            self._ids[:batch].zero_()
-            self._pos[:batch].zero_()
+            # the inputs stay as they are: live rows repeat their real next step (same K/V written),
+            # free rows sit at position 0 of their free slot
             for kv_len in lens:
                 if (batch, kv_len) not in self._graphs and self._capture(batch, kv_len) is None:
                     return len(self._graphs)

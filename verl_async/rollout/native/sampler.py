@@ -20,6 +20,52 @@ from typing import Optional, Sequence
 import torch
 
 
+class SamplingPlan:
+    """The per-row settings of one batch, turned into tensors once (reused while the batch is unchanged).
+
+    Building it does all the host work of a sampling step that depends only on the settings
+    (which rows are greedy / seeded, the temperature, top-k and top-p tensors), so a decode
+    step over an unchanged batch launches only the sampling kernels: no Python lists walked,
+    no host->device copies.
+    """
+
+    __slots__ = (
+        "rows", "vocab", "all_greedy", "greedy_mask", "temperatures", "use_k", "use_p", "max_k", "k_t", "p_t",
+        "use_default", "seeded",
+    )
+
+    def __init__(
+        self,
+        temperatures: Sequence[float],
+        top_ks: Sequence[int],
+        top_ps: Sequence[float],
+        generators: Sequence[Optional[torch.Generator]],
+        *,
+        vocab: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,  # of the logits sampled from (float32 in the engine)
+    ) -> None:
+        rows = len(temperatures)
+        if not (len(top_ks) == len(top_ps) == len(generators) == rows):
+            raise ValueError(f"sample_tokens: per-row settings must all have {rows} entries")
+        self.rows, self.vocab = rows, vocab
+        greedy = [t == 0 for t in temperatures]
+        temps = [t if t > 0 else 1.0 for t in temperatures]
+        self.all_greedy = all(greedy)
+        self.greedy_mask = torch.tensor(greedy, device=device) if any(greedy) and not self.all_greedy else None
+        self.temperatures = (
+            None if all(t == 1.0 for t in temps) else torch.tensor(temps, device=device, dtype=dtype)[:, None]
+        )
+        ks = [k if 0 < k < vocab else vocab for k in top_ks]
+        self.use_p = any(p < 1.0 for p in top_ps)
+        self.use_k = not all(k == vocab for k in ks)
+        self.max_k = max(ks) if ks else vocab
+        self.k_t = torch.tensor(ks, device=device) if self.use_k or self.use_p else None
+        self.p_t = torch.tensor(top_ps, device=device, dtype=dtype)[:, None] if self.use_p else None
+        self.use_default = any(g is None and not gr for g, gr in zip(generators, greedy))
+        self.seeded = [(row, g) for row, (g, gr) in enumerate(zip(generators, greedy)) if g is not None and not gr]
+
+
 def filter_top_k_top_p(scaled: torch.Tensor, top_ks: Sequence[int], top_ps: Sequence[float]) -> torch.Tensor:
     """Set logits outside each row's top-k / top-p set to -inf (rows of `scaled` are logits / T).
 
@@ -27,22 +73,24 @@ def filter_top_k_top_p(scaled: torch.Tensor, top_ks: Sequence[int], top_ps: Sequ
     most likely remaining tokens whose probability (renormalised over the top-k set, as in HF
     and vLLM) reaches p. The most likely token is always kept.
     """
-    vocab = scaled.size(-1)
-    ks = [k if 0 < k < vocab else vocab for k in top_ks]
-    use_p = any(p < 1.0 for p in top_ps)
-    if not use_p and all(k == vocab for k in ks):
+    rows = scaled.size(0)
+    plan = SamplingPlan([1.0] * rows, top_ks, top_ps, [None] * rows, vocab=scaled.size(-1), device=scaled.device, dtype=scaled.dtype)
+    return _filter(scaled, plan)
+
+
+def _filter(scaled: torch.Tensor, plan: SamplingPlan) -> torch.Tensor:
+    if not plan.use_p and not plan.use_k:
         return scaled
-    device = scaled.device
-    k_t = torch.tensor(ks, device=device)
-    if not use_p:  # top-k only: a partial sort is enough
-        top_vals = scaled.topk(max(ks), dim=-1).values
-        kth = top_vals.gather(-1, (k_t - 1)[:, None])
+    vocab = scaled.size(-1)
+    if not plan.use_p:  # top-k only: a partial sort is enough
+        top_vals = scaled.topk(plan.max_k, dim=-1).values
+        kth = top_vals.gather(-1, (plan.k_t - 1)[:, None])
         return scaled.masked_fill(scaled < kth, float("-inf"))  # ties with the k-th value are kept
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    keep = torch.arange(vocab, device=device)[None, :] < k_t[:, None]
+    keep = torch.arange(vocab, device=scaled.device)[None, :] < plan.k_t[:, None]
     probs = sorted_logits.masked_fill(~keep, float("-inf")).softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    keep &= mass_before < torch.tensor(top_ps, device=device, dtype=probs.dtype)[:, None]
+    keep &= mass_before < plan.p_t
     keep_in_vocab_order = torch.empty_like(keep).scatter_(-1, order, keep)
     return scaled.masked_fill(~keep_in_vocab_order, float("-inf"))
 
@@ -61,32 +109,33 @@ def sample_tokens(
     device sync. Temperature 0 means greedy. NaN/Inf logits give a non-finite log-prob, which
     the caller checks on the host (no extra pass over the logits).
     """
-    logits = logits.float()
-    rows = logits.size(0)
-    if not (len(temperatures) == len(top_ks) == len(top_ps) == len(generators) == rows):
-        raise ValueError(f"sample_tokens: per-row settings must all have {rows} entries")
-    greedy = [t == 0 for t in temperatures]
-    temps = [t if t > 0 else 1.0 for t in temperatures]
-    if all(t == 1.0 for t in temps):
-        scaled = logits
-    else:
-        scaled = logits / torch.tensor(temps, device=logits.device, dtype=logits.dtype)[:, None]
+    if len(temperatures) != logits.size(0):
+        raise ValueError(f"sample_tokens: per-row settings must all have {logits.size(0)} entries")
+    plan = SamplingPlan(temperatures, top_ks, top_ps, generators, vocab=logits.size(-1), device=logits.device)
+    return sample_with_plan(logits, plan, default_generator)
 
-    if all(greedy):
+
+def sample_with_plan(
+    logits: torch.Tensor, plan: SamplingPlan, default_generator: Optional[torch.Generator] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_tokens` with the settings already in a SamplingPlan (same numbers, less host work)."""
+    logits = logits.float()
+    if logits.size(0) != plan.rows:
+        raise ValueError(f"sample_tokens: the plan has {plan.rows} rows, the logits {logits.size(0)}")
+    scaled = logits if plan.temperatures is None else logits / plan.temperatures
+    if plan.all_greedy:
         tokens = logits.argmax(dim=-1)
     else:
-        allowed = filter_top_k_top_p(scaled, top_ks, top_ps)
+        allowed = _filter(scaled, plan)
         scores = torch.empty_like(allowed)
-        if any(g is None and not gr for g, gr in zip(generators, greedy)):
+        if plan.use_default:
             scores.exponential_(generator=default_generator)
-        for row, (gen, gr) in enumerate(zip(generators, greedy)):
-            if gen is not None and not gr:
-                scores[row].exponential_(generator=gen)
+        for row, gen in plan.seeded:
+            scores[row].exponential_(generator=gen)
         scores.clamp_(min=torch.finfo(scores.dtype).tiny).log_()  # Exp(1) may return exactly 0
         tokens = torch.sub(allowed, scores, out=scores).argmax(dim=-1)  # argmax(log p - log E)
-        if any(greedy):
-            mask = torch.tensor(greedy, device=logits.device)
-            tokens = torch.where(mask, logits.argmax(dim=-1), tokens)
+        if plan.greedy_mask is not None:
+            tokens = torch.where(plan.greedy_mask, logits.argmax(dim=-1), tokens)
     # log_softmax(scaled)[token] without materialising the [B, V] log-softmax
     token_log_probs = scaled.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(scaled, dim=-1)
     return tokens, token_log_probs

@@ -44,6 +44,8 @@ class Sequence:
         self.token_ids = list(req.prefix_token_ids)
         self.log_probs = list(req.prefix_log_probs)
         self.versions = list(req.prefix_versions)
+        # response length at which the sequence ends: max_tokens or a full slot, whichever comes first
+        self._length_limit = min(req.sampling.max_tokens, self.max_total_len - len(req.prompt_ids))
 
     @property
     def request_id(self) -> str:
@@ -70,11 +72,19 @@ class Sequence:
             return "length"
         return None
 
-    def append(self, token: int, log_prob: float, version: int) -> None:
+    def append(self, token: int, log_prob: float, version: int) -> bool:
+        """Add one sampled token; True if the sequence is now finished (what check_finished says, without its walk)."""
         self.token_ids.append(token)
         self.log_probs.append(log_prob)
         self.versions.append(version)
-        self.finish_reason = self.check_finished()
+        if token in self.stop_ids:
+            self.finish_reason = "stop"
+        elif len(self.token_ids) >= self._length_limit:
+            self.finish_reason = "length"
+        else:
+            self.finish_reason = None
+            return False
+        return True
 
     def result(self) -> GenerateResult:
         return GenerateResult(
