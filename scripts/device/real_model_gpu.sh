@@ -8,6 +8,7 @@
 #                    GSM8K parquet from the carried .carry/gsm8k (made here by data_preprocess.gsm8k)
 #   engine[:qwen]    scripts/bench_engine.py on the real model (engine:qwen: random Qwen2.5-0.5B shape): native
 #                    engine (bf16, CUDA graphs) vs HF generate, and vLLM when unpacked ($STORE/engine_WHAT.json, .log)
+#   engineprof       scripts/profile_engine_host.py on the GPU (--kernels) and bench_engine --compile ($STORE/engine_prof.log)
 #   trainbench       scripts/bench_train.py --gpus 1 with --profile ($STORE/trainbench.tar.gz); TRAINBENCH_ARGS
 #   train:NAME       one run of recipe.fully_async_main; NAME = MODE-SEED with MODE
 #                      sync   staleness 0, sync every step, no partial rollout       (arithmetic task)
@@ -153,6 +154,14 @@ PY
         --prompt-len 128 --hf-max-batch 64 $vl --out "$STORE/engine_$what.json" \
         > "$STORE/engine_$what.log" 2>&1 || status=1
       tail -n 16 "$STORE/engine_$what.log" ;;
+    engineprof)  # where a native decode step's time goes on the GPU: host split, graph replay, kernels; then torch.compile
+      { timeout 180 python3 scripts/profile_engine_host.py --device cuda --shape smollm2 --batches 1,8,32,64 \
+          --tokens 192 --repeat 2 --kernels
+        dir=$(python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('$MODEL'))")
+        timeout 240 python3 scripts/bench_engine.py --device cuda --model "$dir" --median-len 128 --max-len 256 \
+          --batches 1,16,64,128 --prompt-len 128 --no-hf --compile --out "$STORE/engine_compile.json"
+      } > "$STORE/engine_prof.log" 2>&1 || status=1
+      tail -n 30 "$STORE/engine_prof.log" ;;
     trainbench)  # scripts/bench_train.py on this machine's GPU(s): MFU, and a profiled step per configuration
       rm -rf "$STORE/trainbench" && mkdir -p "$STORE/trainbench"
       # shellcheck disable=SC2086
@@ -164,7 +173,7 @@ PY
     train:*)
       spec=${phase#train:}; train "${spec%-*}" "${spec##*-}" ;;
     *)
-      echo "unknown phase $phase (stash setup engine[:qwen] trainbench megatron train:MODE-SEED queue:A,B wait:SECONDS)" >&2; status=2 ;;
+      echo "unknown phase $phase (stash setup engine[:qwen] engineprof trainbench megatron train:MODE-SEED queue:A,B wait:SECONDS)" >&2; status=2 ;;
   esac
 done
 exit $status
