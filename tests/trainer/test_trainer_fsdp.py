@@ -124,6 +124,110 @@ def test_two_ranks_equal_one_rank_for_every_loss_mode_and_layout(groups, batch):
                     f"{where}: {k} differs by {float((w2[k] - w1[k]).abs().max())}"
 
 
+def _accumulation_batch():
+    """Mini-batches of 2 groups (ppo_mini_batch_size=2): 6 rows, then 3 (one rank has a row less)."""
+    b = with_advantages(make_batch(groups=3, n=3, seed=12), seed=4)
+    b["old_log_probs"] = b["rollout_log_probs"]
+    b["ref_log_prob"] = (b["rollout_log_probs"] - 0.05) * b["response_mask"]
+    return b
+
+
+def _one_micro_batch_reference(one: FSDPWorkerGroup, b):
+    """One rank, every mini-batch in one micro-batch: one backward per optimizer step, nothing to accumulate."""
+    initial = weights(reset(one))
+    m_ref = reset(one, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=8).update(b)
+    w_ref = weights(one)
+    assert m_ref["actor/optimizer_steps"] == 2.0
+    assert max(float((w_ref[k] - initial[k]).abs().max()) for k in w_ref) > 1e-4
+    return m_ref, w_ref
+
+
+def _reduce_scatters(trace_path: str) -> int:
+    """FSDP2 reduce-scatter calls of one rank's profile trace (the c10d op, one per FSDP group and reduction)."""
+    import gzip
+    import json
+
+    with gzip.open(trace_path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    return sum(1 for e in events if e.get("ph") == "X" and "reduce_scatter" in e.get("name", "")
+               and e.get("name", "").startswith("c10d::"))
+
+
+def test_gradients_reduce_once_per_mini_batch_and_equal_one_micro_batch(groups, tmp_path):
+    """fsdp_config.grad_accum_no_sync: FSDP2 skips the reduce-scatter of all micro-batches but the last of a
+    mini-batch. Same weights as reducing every micro-batch, and as one micro-batch on one rank holding the same
+    rows (no accumulation at all: an independent reference), with a dummy micro-batch that is the LAST one on a
+    rank and a mini-batch of a single micro-batch; the reduce-scatters drop from one per micro-batch to one per
+    mini-batch."""
+    from verl_async.trainer.batching import plan_update, sequence_lengths
+
+    b = _accumulation_batch()
+    layouts = {
+        "3 micro / rank, then [row], [dummy]": {"use_dynamic_bsz": False, "ppo_micro_batch_size_per_gpu": 1},
+        "by tokens": {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 18},
+        "2 micro, then 1 micro": {"use_dynamic_bsz": False, "ppo_micro_batch_size_per_gpu": 2},
+    }
+    p_len, r_len = sequence_lengths(b)
+    weights_ = (p_len + r_len).tolist()
+    micro_counts = {}
+    for name, layout in layouts.items():
+        plans = plan_update(b["group_index"], weights_, b["response_mask"], mini_groups=2, epochs=1, shuffle=False,
+                            seed=0, dp=2, dynamic=layout["use_dynamic_bsz"],
+                            micro_size=layout.get("ppo_micro_batch_size_per_gpu", 1),
+                            max_tokens=layout.get("ppo_max_token_len_per_gpu", 24))
+        micro_counts[name] = [len(p.micro[0]) for p in plans]
+        assert all(len(p.micro[0]) == len(p.micro[1]) for p in plans)
+        assert len(plans) == 2 and micro_counts[name][0] > 1, (name, [p.micro for p in plans])
+        if name.startswith("3 micro"):
+            assert plans[1].micro[0][-1] == [] or plans[1].micro[1][-1] == [], "the last micro-batch is a dummy"
+        if name.startswith("2 micro"):
+            assert micro_counts[name][1] == 1
+    m_ref, w_ref = _one_micro_batch_reference(groups[1], b)
+    for name, layout in layouts.items():
+        runs = {}
+        for no_sync in (True, False):
+            g = reset(groups[2], grad_accum_no_sync=no_sync, **layout)
+            m = g.update(b, profile={"dir": str(tmp_path), "tag": f"{len(runs)}{name[:1]}"})
+            runs[no_sync] = (m, weights(g))
+            assert m["actor/grad_norm"] == pytest.approx(m_ref["actor/grad_norm"], rel=1e-4), (name, no_sync)
+            for k in w_ref:
+                assert torch.allclose(runs[no_sync][1][k], w_ref[k], rtol=1e-5, atol=1e-6), \
+                    f"{name} no_sync={no_sync}: {k} differs by {float((runs[no_sync][1][k] - w_ref[k]).abs().max())}"
+        for rank in (0, 1):
+            on, off = (_reduce_scatters(runs[v][0]["perf/profile"][rank]["trace"]) for v in (True, False))
+            # per FSDP group: one reduce-scatter per mini-batch with no_sync, one per micro-batch without
+            assert on > 0 and on * sum(micro_counts[name]) == off * len(micro_counts[name]), (name, rank, on, off)
+        for k in w_ref:
+            assert torch.allclose(runs[True][1][k], runs[False][1][k], rtol=1e-6, atol=1e-7), (name, k)
+
+
+def test_accumulation_keeping_parameters_unsharded_with_gradient_checkpointing(groups, tiny_model_dir):
+    """reshard_after_forward=false: between the micro-batches of a mini-batch the parameters stay unsharded
+    (no re-all-gather for the next forward); with gradient checkpointing (recompute in backward) the step still
+    equals one micro-batch on one rank."""
+    b = _accumulation_batch()
+    m_ref, w_ref = _one_micro_batch_reference(groups[1], b)
+    a = "actor_rollout_ref.actor"
+    group = FSDPWorkerGroup(compose_config(tiny_model_dir, *_overrides(2), f"{a}.fsdp_config.reshard_after_forward=false",
+                                           "actor_rollout_ref.model.enable_gradient_checkpointing=true"),
+                            name="test_fsdp_unsharded_accum")
+    try:
+        group.init()
+        group.initial = groups[2].initial  # like every test here: start from the saved initial state
+        reset(group, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=1)
+        for step in range(2):  # the second step starts from parameters the first one left resharded
+            m = group.update(b)
+            if step == 0:
+                assert m["actor/grad_norm"] == pytest.approx(m_ref["actor/grad_norm"], rel=1e-4)
+                w = weights(group)
+                for k in w_ref:
+                    assert torch.allclose(w[k], w_ref[k], rtol=1e-5, atol=1e-6), \
+                        f"{k} differs by {float((w[k] - w_ref[k]).abs().max())}"
+        assert m["actor/optimizer_steps"] == 2.0 and m["actor/grad_norm"] > 0
+    finally:
+        group.shutdown()
+
+
 def test_packed_and_padded_log_probs_agree(groups, batch):
     g = reset(groups[2], use_remove_padding=True)
     packed = g.compute_log_prob(batch)

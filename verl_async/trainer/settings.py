@@ -115,6 +115,7 @@ class TrainerSettings:
     param_dtype: str
     reduce_dtype: str
     reshard_after_forward: bool
+    grad_accum_no_sync: bool  # reduce-scatter once per optimizer step, not per micro-batch (fsdp_worker._grad_sync)
     offload_policy: bool
     param_offload: bool
     optimizer_offload: bool
@@ -159,7 +160,7 @@ class TrainerSettings:
         "ppo_mini_batch_size", "ppo_epochs", "shuffle", "grad_clip", "clip_ratio_low", "clip_ratio_high",
         "clip_ratio_c", "entropy_coeff", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "use_remove_padding",
         "temperature", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
-        "log_prob_max_token_len_per_gpu", "rollout_correction",
+        "log_prob_max_token_len_per_gpu", "rollout_correction", "grad_accum_no_sync",
     )
 
     @property
@@ -222,6 +223,7 @@ class TrainerSettings:
             param_dtype=_dtype_name(f"{a}.fsdp_config.mixed_precision.param_dtype", mp.get("param_dtype", "bf16")),
             reduce_dtype=_dtype_name(f"{a}.fsdp_config.mixed_precision.reduce_dtype", mp.get("reduce_dtype", "fp32")),
             reshard_after_forward=bool(g(f"{a}.fsdp_config.reshard_after_forward", True)),
+            grad_accum_no_sync=bool(g(f"{a}.fsdp_config.grad_accum_no_sync", True)),
             offload_policy=bool(g(f"{a}.fsdp_config.offload_policy", False)),
             param_offload=bool(g(f"{a}.fsdp_config.param_offload", False)),
             optimizer_offload=bool(g(f"{a}.fsdp_config.optimizer_offload", False)),
