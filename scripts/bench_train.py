@@ -134,6 +134,7 @@ def compose(model_dir: str, world: int, attn: str, args) -> object:
         f"actor_rollout_ref.rollout.n={args.n}", f"{a}.ppo_mini_batch_size=100000", f"{a}.ppo_epochs=1",
         f"{a}.ppo_max_token_len_per_gpu={args.micro_tokens}", f"{a}.optim.lr=1e-6", f"{a}.use_kl_loss=false",
         f"{a}.entropy_coeff=0.0", f"{a}.fsdp_config.offload_policy={args.offload}",
+        *args.set,
     ]
     with initialize_config_dir(config_dir=os.path.join(root, "config"), version_base=None):
         return hydra_compose("fully_async_ppo_trainer", overrides=overrides)
@@ -251,6 +252,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--offload", action="store_true", help="fsdp_config.offload_policy (params/grads/optim on CPU)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any config override, e.g. actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=false")
     p.add_argument("--model-dir", default=None, help="reuse/cache the random model here")
     p.add_argument("--out", default="bench/train_bench.json")
     p.add_argument("--profile", default=None, metavar="DIR",

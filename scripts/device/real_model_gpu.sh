@@ -163,12 +163,17 @@ PY
       } > "$STORE/engine_prof.log" 2>&1 || status=1
       tail -n 30 "$STORE/engine_prof.log" ;;
     trainbench)  # scripts/bench_train.py on this machine's GPU(s): MFU, and a profiled step per configuration
+      # twice: gradients reduced once per optimizer step (the default) and per micro-batch (before 2026-11-25)
       rm -rf "$STORE/trainbench" && mkdir -p "$STORE/trainbench"
-      # shellcheck disable=SC2086
-      timeout "${TRAINBENCH_LIMIT:-420}" python3 scripts/bench_train.py --device cuda --gpus 1 \
-        ${TRAINBENCH_ARGS:---attn varlen --layouts packed} --profile "$STORE/trainbench/prof" \
-        --out "$STORE/trainbench/train_bench.json" > "$STORE/trainbench/train_bench.log" 2>&1 || status=1
-      tail -n 40 "$STORE/trainbench/train_bench.log"
+      for acc in true false; do
+        # shellcheck disable=SC2086
+        timeout "${TRAINBENCH_LIMIT:-300}" python3 scripts/bench_train.py --device cuda --gpus 1 \
+          ${TRAINBENCH_ARGS:---attn varlen --layouts packed} --model-dir /tmp/bench_train_model \
+          --set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=$acc --profile "$STORE/trainbench/prof_$acc" \
+          --out "$STORE/trainbench/train_bench_nosync_$acc.json" > "$STORE/trainbench/train_bench_nosync_$acc.log" 2>&1 \
+          || status=1
+        tail -n 30 "$STORE/trainbench/train_bench_nosync_$acc.log"
+      done
       tar czf "$STORE/trainbench.tar.gz" -C "$STORE" trainbench ;;
     train:*)
       spec=${phase#train:}; train "${spec%-*}" "${spec##*-}" ;;

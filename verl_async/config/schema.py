@@ -191,6 +191,7 @@ class FSDPConfig:
     reshard_after_forward: bool
     fsdp_size: int
     forward_prefetch: bool
+    grad_accum_no_sync: bool
     mixed_precision: MixedPrecisionConfig
     wrap_policy: WrapPolicyConfig
 
