@@ -122,6 +122,15 @@ def test_colocated_device_ids():
     assert replica_actor_options("cuda", 2) == {"num_gpus": 2, "num_cpus": 1}
 
 
+def test_cuda_ipc_is_accepted_for_one_colocated_native_replica():
+    ok = ["async_training.sync_transport=cuda_ipc", "trainer.device=cuda", "rollout.colocate=true"]
+    assert check(ok).async_training.sync_transport == "cuda_ipc"
+    # the trainer may have more ranks than the one GPU the engine shares with rank 0
+    assert check(ok + ["trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=1"]).rollout.colocate
+    with pytest.raises(ConfigError, match=r"^async_training\.sync_transport: .*megatron"):
+        check(ok, MEGATRON)
+
+
 def test_verl_fsdp_runs_as_fsdp2(caplog):
     reset_compat_warnings()
     with caplog.at_level(logging.WARNING, logger="verl_async.config"):
@@ -208,6 +217,14 @@ BAD = [
     (["async_training.sync_transport=hccl", "trainer.device=cuda"], "async_training.sync_transport", "trainer.device=npu"),
     (["rollout.colocate=true", "trainer.device=cuda", "async_training.sync_transport=nccl"],
      "async_training.sync_transport", "use object_store"),
+    (["async_training.sync_transport=cuda_ipc"], "async_training.sync_transport", "trainer.device=cuda"),
+    (["async_training.sync_transport=cuda_ipc", "trainer.device=cuda"], "async_training.sync_transport",
+     "cuda_ipc needs rollout.colocate=true"),
+    (["async_training.sync_transport=cuda_ipc", "trainer.device=cuda", "rollout.colocate=true",
+      "actor_rollout_ref.rollout.name=vllm"], "async_training.sync_transport", "use object_store"),
+    (["async_training.sync_transport=cuda_ipc", "trainer.device=cuda", "rollout.colocate=true",
+      "trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2"], "async_training.sync_transport",
+     "rollout.n_gpus_per_node=1"),
     (["rollout.colocate=true", "trainer.device=cuda", "rollout.n_gpus_per_node=2"], "rollout.colocate",
      "rollout.n_gpus_per_node=2 must be <= trainer.n_gpus_per_node=1"),
     (["rollout.colocate=true", "trainer.device=cuda", "trainer.nnodes=2"], "rollout.colocate", "single-node"),

@@ -4,7 +4,8 @@ A sync is: pause generation -> move the weights bucket by bucket -> (validation 
 checkpoint while nothing generates) -> resume. Transports are chosen by name
 (`async_training.sync_transport`): `object_store` (Ray object store; any device, the
 CPU default) here; the collective transports `nccl` (CUDA), `hccl` (NPU) and `gloo`
-(host memory, any device: tests and debugging) in `sync_collective.py`.
+(host memory, any device: tests and debugging) in `sync_collective.py`; `cuda_ipc` (a colocated
+engine maps trainer rank 0's device buffers through CUDA IPC) in `sync_ipc.py`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ TRANSPORTS: dict[str, str] = {
     "nccl": "verl_async.sync_collective:CollectiveSync",
     "hccl": "verl_async.sync_collective:CollectiveSync",
     "gloo": "verl_async.sync_collective:GlooCollectiveSync",  # the collective path over host memory (tests/debug)
+    "cuda_ipc": "verl_async.sync_ipc:CudaIpcSync",  # colocated engine on the trainer's GPU: device-to-device
 }
 
 

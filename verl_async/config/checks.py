@@ -251,12 +251,34 @@ def long_tail(cfg: DictConfig) -> None:
 @check
 def sync_transport(cfg: DictConfig) -> None:
     transport, device = cfg.async_training.sync_transport, cfg.trainer.device
-    needs = {"nccl": "cuda", "hccl": "npu"}.get(transport)
+    needs = {"nccl": "cuda", "hccl": "npu", "cuda_ipc": "cuda"}.get(transport)
     if needs is not None and device != needs:
         raise ConfigError(
             "async_training.sync_transport",
             f"{transport} needs trainer.device={needs}, got {device}; use object_store (works on every device)",
         )
+    if transport == "cuda_ipc":
+        _cuda_ipc(cfg)
+
+
+def _cuda_ipc(cfg: DictConfig) -> None:
+    """cuda_ipc: one colocated native-engine replica maps trainer rank 0's buffers on their shared GPU."""
+    key = "async_training.sync_transport"
+    if not cfg.rollout.colocate:
+        raise ConfigError(key, "cuda_ipc needs rollout.colocate=true (the engine maps the trainer's GPU memory, so "
+                               "it must run on the trainer's GPU); with separate GPUs use nccl or object_store")
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name == "vllm":
+        raise ConfigError(key, "cuda_ipc is not supported with actor_rollout_ref.rollout.name=vllm (only the native "
+                               "engine loads IPC-mapped buckets); use object_store")
+    if cfg.actor_rollout_ref.actor.strategy == "megatron":
+        raise ConfigError(key, "cuda_ipc is not supported with actor_rollout_ref.actor.strategy=megatron; use "
+                               "object_store")
+    if cfg.rollout.n_gpus_per_node != 1 or int(rollout.tensor_model_parallel_size or 1) != 1:
+        raise ConfigError(key, "cuda_ipc maps trainer rank 0's GPU into ONE engine replica on that GPU: set "
+                               "rollout.n_gpus_per_node=1 and actor_rollout_ref.rollout.tensor_model_parallel_size=1, "
+                               f"got {cfg.rollout.n_gpus_per_node} and {rollout.tensor_model_parallel_size}; or use "
+                               "object_store")
 
 
 @check
@@ -273,11 +295,11 @@ def colocation(cfg: DictConfig) -> None:
             f"the engines share the trainer's devices: rollout.n_gpus_per_node={rollout_devices} must be <= "
             f"trainer.n_gpus_per_node={trainer_devices}",
         )
-    if cfg.async_training.sync_transport != "object_store":
+    if cfg.async_training.sync_transport not in ("object_store", "cuda_ipc"):
         raise ConfigError(
             "async_training.sync_transport",
             f"{cfg.async_training.sync_transport} cannot join two processes of one device (rollout.colocate=true); "
-            "use object_store",
+            "use object_store (or cuda_ipc on CUDA)",
         )
 
 

@@ -18,6 +18,7 @@ from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResu
 from verl_async.rollout.faults import with_faults
 from verl_async.rollout.registry import build_engine_from_config
 from verl_async.sync_collective import EngineGroupEndpoint, engine_endpoint
+from verl_async.sync_ipc import IpcEndpoint, load_ipc_bucket
 from verl_async.utils import device as device_layer
 
 
@@ -71,6 +72,10 @@ class EngineReplica:
     async def load_buckets(self, refs: list, version: int) -> None:
         await self.engine.update_weights(_buckets_from_refs(refs), version)
 
+    async def load_ipc_bucket(self, payload: dict, version: int) -> dict:
+        """cuda_ipc: map trainer rank 0's bucket buffer, load it device to device, release it (sync_ipc.py)."""
+        return await load_ipc_bucket(self.engine, payload, version)
+
     # collective weight sync (verl_async/sync_collective.py): this replica's engine ranks join the group
     async def weight_sync_ranks(self) -> int:
         return await engine_endpoint(self.engine).weight_sync_ranks()
@@ -86,6 +91,15 @@ class EngineReplica:
 
     async def leave_weight_sync(self) -> None:
         await engine_endpoint(self.engine).leave_weight_sync()
+
+    def loaded_checksums(self) -> dict[str, str]:
+        """Checksum of every parameter of the engine's model (engines exposing `.model`; tests, sync checks)."""
+        from verl_async.sync_collective import tensor_checksum
+
+        model = getattr(self.engine, "model", None)
+        if model is None:
+            return {}
+        return {n: tensor_checksum(p.data) for n, p in model.named_parameters()}
 
     async def pause(self) -> None:
         await self.engine.pause()
@@ -129,6 +143,11 @@ class RemoteEngine(InferenceEngine):
         refs = [item if isinstance(item, ray.ObjectRef) else ray.put(item) for item in named_tensors]
         await self.handle.load_buckets.remote(refs, version)
         self._version = version
+
+    async def load_ipc_bucket(self, payload: dict, version: int) -> dict:
+        out = await self.handle.load_ipc_bucket.remote(payload, version)
+        self._version = version
+        return out
 
     async def weight_sync_ranks(self) -> int:
         return int(await self.handle.weight_sync_ranks.remote())
@@ -215,7 +234,7 @@ def start_replicas(
     return [RemoteEngine(h, i) for i, h in enumerate(handles)]
 
 
-class SyncTarget(EngineGroupEndpoint):
+class SyncTarget(EngineGroupEndpoint, IpcEndpoint):
     """Replicas that only receive weights: the rollout side of a sync without a Rollouter.
 
     `CollectiveSync` / `ObjectStoreSync` need pause/resume and the sync fan-out; sync checks and
@@ -223,7 +242,9 @@ class SyncTarget(EngineGroupEndpoint):
     """
 
     def __init__(self, count: int, rollout_cfg: Mapping[str, Any], model_path: str, device: str, **kwargs: Any) -> None:
-        super().__init__(start_replicas(count, rollout_cfg, model_path, device, **kwargs))
+        engines = start_replicas(count, rollout_cfg, model_path, device, **kwargs)
+        EngineGroupEndpoint.__init__(self, engines)
+        IpcEndpoint.__init__(self, engines)
         self.pauses = 0
         self.version = -1
 
@@ -240,6 +261,10 @@ class SyncTarget(EngineGroupEndpoint):
 
     def state(self) -> tuple[int, int]:
         return self.pauses, self.version
+
+    async def loaded_checksums(self) -> dict[str, dict[str, str]]:
+        """Per replica: checksum of every parameter its engine holds now (tests, sync checks)."""
+        return {f"replica {i}": await e.handle.loaded_checksums.remote() for i, e in enumerate(self.sync_engines)}
 
     def kill_replica(self, index: int) -> None:
         ray.kill(self.sync_engines[index].handle)

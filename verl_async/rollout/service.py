@@ -29,6 +29,7 @@ from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
 from verl_async.rollout.staleness import StalenessBudget
 from verl_async.sync_collective import EngineGroupEndpoint
+from verl_async.sync_ipc import IpcEndpoint
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollout")
@@ -172,6 +173,7 @@ class RolloutService:
             )
         self.engines = list(engines)
         self.sync_endpoint = EngineGroupEndpoint(self.engines)
+        self.ipc_endpoint = IpcEndpoint(self.engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.eos_ids = eos
         self.limit = max_required_samples(cfg)
@@ -263,6 +265,13 @@ class RolloutService:
 
     async def leave_weight_sync(self) -> None:
         await self.sync_endpoint.leave_weight_sync()
+
+    # cuda_ipc (sync_ipc.py): trainer rank 0 ships each bucket's IPC handles, one export per replica
+    async def ipc_receivers(self) -> int:
+        return await self.ipc_endpoint.ipc_receivers()
+
+    async def load_ipc_bucket(self, payload: dict, version: int) -> dict[str, dict]:
+        return await self.ipc_endpoint.load_ipc_bucket(payload, version)
 
     def release_budget(self, groups: int) -> None:
         self.rollouter.release_budget(groups)

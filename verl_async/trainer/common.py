@@ -282,6 +282,18 @@ class RankBase:
         for bucket in bucketize(self.iter_full_params(self._sync_dtype(dtype)), bucket_bytes):
             yield PackedBucket(bucket)  # raw bytes: the object store moves them without pickling tensors
 
+    def send_weights_ipc(self, target: Any, receivers: int, version: int, bucket_bytes: int, timeout_s: float,
+                         verify: bool = False, dtype: Optional[str] = None) -> dict:
+        """cuda_ipc (verl_async/sync_ipc.py): every rank gathers; rank 0 packs each bucket on the device and ships
+        its IPC handles to `target.load_ipc_bucket`, freeing the buffer once every replica has loaded it."""
+        from verl_async.sync_ipc import send_buckets_ipc
+
+        if self.settings.device != "cuda":
+            raise RuntimeError(f"cuda_ipc needs trainer.device=cuda, got {self.settings.device}")
+        named = self.iter_full_params(self._sync_dtype(dtype), to_cpu=False)
+        return send_buckets_ipc(named, bucket_bytes, target, receivers, version, timeout_s=timeout_s, verify=verify,
+                                is_sender=self.rank == 0)
+
     def export_hf(self, path: str, dtype: Optional[str] = None) -> Optional[str]:
         """A plain HF folder (config, safetensors, tokenizer) that `from_pretrained` loads; rank 0 writes."""
         target = self._sync_dtype(dtype)

@@ -380,6 +380,13 @@ class RayWorkerGroup:
     def leave_weight_sync_async(self) -> list:
         return [self.workers[0].leave_weight_sync.remote()]
 
+    def send_weights_ipc(self, target: Any, receivers: int, version: int, bucket_bytes: int, *, timeout_s: float,
+                         verify: bool = False, dtype: Optional[str] = None) -> dict:
+        """cuda_ipc (verl_async/sync_ipc.py): rank 0 ships every bucket to `target` itself; returns rank 0's report."""
+        refs = [w.send_weights_ipc.remote(target, int(receivers), int(version), int(bucket_bytes), float(timeout_s),
+                                          bool(verify), dtype) for w in self.workers]
+        return self._wait(refs, "send_weights_ipc", timeout=max(float(timeout_s), self.settings.worker_timeout_s))[0]
+
     def iter_weights(self, bucket_bytes: int = 256 << 20, dtype: Optional[str] = None) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full CPU tensor) pairs, one bucket in memory at a time."""
         for ref in self.weight_bucket_refs(bucket_bytes, dtype):
