@@ -8,6 +8,7 @@
 #                    GSM8K parquet from the carried .carry/gsm8k (made here by data_preprocess.gsm8k)
 #   engine[:qwen]    scripts/bench_engine.py on the real model (engine:qwen: random Qwen2.5-0.5B shape): native
 #                    engine (bf16, CUDA graphs) vs HF generate, and vLLM when unpacked ($STORE/engine_WHAT.json, .log)
+#   ipctest          tests/test_sync_ipc_gpu.py ($STORE/ipc_test.log); train:ipc-MODE-SEED trains with sync_transport=cuda_ipc
 #   engineprof       scripts/profile_engine_host.py on the GPU (--kernels) and bench_engine --compile ($STORE/engine_prof.log)
 #   trainbench       scripts/bench_train.py --gpus 1 with --profile ($STORE/trainbench.tar.gz); TRAINBENCH_ARGS
 #   train:NAME       one run of recipe.fully_async_main; NAME = MODE-SEED with MODE
@@ -46,7 +47,9 @@ status=0
 
 train() {  # train [vllm-]MODE SEED
   local mode=$1 seed=$2 name="$1-$2" extra data=$DATA plen=${PROMPT_LEN:-256} resp=256 steps=$STEPS layout vllm=0
+  local ipc=0
   if [ "${mode#vllm-}" != "$mode" ]; then mode=${mode#vllm-} vllm=1; fi
+  if [ "${mode#ipc-}" != "$mode" ]; then mode=${mode#ipc-} ipc=1; fi  # colocated weights through CUDA IPC
   if [ "${ENGINE:-native}" = vllm ] && [ $vllm = 0 ]; then vllm=1 name="vllm-$name"; fi
   case "$mode" in
     sync)  extra="async_training.staleness_threshold=0 async_training.partial_rollout=false" ;;
@@ -60,6 +63,7 @@ train() {  # train [vllm-]MODE SEED
     layout="rollout.colocate=false async_training.sync_transport=nccl"
   else
     layout="rollout.colocate=true async_training.sync_transport=object_store"
+    [ $ipc = 1 ] && layout="rollout.colocate=true async_training.sync_transport=cuda_ipc"
   fi
   local engine="actor_rollout_ref.rollout.name=native"
   if [ "$vllm" = 1 ]; then  # vLLM beside the trainer: a bounded share of the GPU
@@ -133,7 +137,7 @@ PY
         echo "--- $(basename "$d"): $(tr '\r' '\n' < "$d/console.log" | grep -a "training:" | tail -n 1 | cut -c1-150)"
         tr '\r' '\n' < "$d/console.log" | grep -aE "val/mean@1/acc|run failed|Error" | tail -n 3 | cut -c1-300
       done
-      for f in "$STORE"/*.tar.gz "$STORE"/*.json "$STORE"/engine*.log; do
+      for f in "$STORE"/*.tar.gz "$STORE"/*.json "$STORE"/engine*.log "$STORE"/ipc_test.log; do
         [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"
       done
       ls "$OUT" ;;
@@ -154,6 +158,10 @@ PY
         --prompt-len 128 --hf-max-batch 64 $vl --out "$STORE/engine_$what.json" \
         > "$STORE/engine_$what.log" 2>&1 || status=1
       tail -n 16 "$STORE/engine_$what.log" ;;
+    ipctest)  # the CUDA-IPC weight sync on this GPU: bit-exact through Ray, timed against the object store
+      timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/test_sync_ipc_gpu.py > "$STORE/ipc_test.log" 2>&1 \
+        || status=1
+      tail -n 25 "$STORE/ipc_test.log" ;;
     engineprof)  # where a native decode step's time goes on the GPU: host split, graph replay, kernels; then torch.compile
       { timeout 180 python3 scripts/profile_engine_host.py --device cuda --shape smollm2 --batches 1,8,32,64 \
           --tokens 192 --repeat 2 --kernels
@@ -178,7 +186,7 @@ PY
     train:*)
       spec=${phase#train:}; train "${spec%-*}" "${spec##*-}" ;;
     *)
-      echo "unknown phase $phase (stash setup engine[:qwen] engineprof trainbench megatron train:MODE-SEED queue:A,B wait:SECONDS)" >&2; status=2 ;;
+      echo "unknown phase $phase (stash setup engine[:qwen] engineprof ipctest trainbench megatron train:MODE-SEED queue:A,B wait:SECONDS)" >&2; status=2 ;;
   esac
 done
 exit $status
