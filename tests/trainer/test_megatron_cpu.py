@@ -71,9 +71,8 @@ def groups(ray_session, tiny_model_dir, tmp_path_factory):
         assert [i["dp_rank"] for i in infos["dp2"]] == [0, 1] and built["dp2"].dp_size == 2
         for name, group in megatron(built).items():
             group.initial = group.save(str(tmp_path_factory.mktemp(f"init_{name}")))
-        # The FSDP group is used once, from its fresh state: torch DCP initialises an empty Adam state by a
-        # zero step when saving/loading it, so an FSDP checkpoint taken before the first step shifts Adam's
-        # bias correction by one step (FSDP's own tests compare FSDP with FSDP and do not see it).
+        # The FSDP group is used once, from its fresh state (never saved): the Megatron groups, restored from
+        # checkpoints taken before their first step, must take the first step of a fresh Adam (step counter 0).
         built["fsdp"].set_options(**DEFAULTS)
         yield built
     finally:

@@ -274,6 +274,39 @@ def test_save_load_continue_equals_uninterrupted(groups, tmp_path):
                                                 min_lr_ratio=0.1) for s in (2, 3)])
 
 
+def test_fresh_start_equals_resuming_its_initial_checkpoint(groups, batch, ray_session, tiny_model_dir, tmp_path):
+    """A checkpoint taken before the first optimizer step changes nothing: a group that never saved, one that
+    saved at its start and one that loaded such a checkpoint take the same first step (torch's get_state_dict
+    initialises an empty AdamW state with a dummy step that left its step counter at 1: the first real step
+    then ran with step 2's bias correction, about half a step off here)."""
+    built = [FSDPWorkerGroup(compose_config(tiny_model_dir, *_overrides(1)), name=f"test_fsdp_fresh{i}")
+             for i in range(2)]
+    try:
+        with ThreadPoolExecutor(len(built)) as pool:
+            list(pool.map(lambda g: g.init(), built))
+        never_saved, saved = built
+        saved.save(str(tmp_path / "start"))
+        runs = {}
+        for name, g in (("never saved", never_saved), ("saved at start", saved),
+                        ("loaded its start", reset(groups[1]))):
+            g.set_options(**DEFAULTS)
+            before = weights(g)
+            m = g.update(batch)
+            runs[name] = (before, m, weights(g))
+        base_before, base_m, base_after = runs["never saved"]
+        moved = max(float((base_after[k] - base_before[k]).abs().max()) for k in base_after)
+        assert moved > 1e-4
+        for name, (before, m, after) in runs.items():
+            assert all(torch.equal(before[k], base_before[k]) for k in base_before), name
+            assert m["actor/lr"] == base_m["actor/lr"] == pytest.approx(LR), name
+            for k in base_after:
+                assert torch.allclose(after[k], base_after[k], rtol=0, atol=1e-7), \
+                    f"{name}: {k} differs by {float((after[k] - base_after[k]).abs().max())} (one step: {moved})"
+    finally:
+        for g in built:
+            g.shutdown()
+
+
 def test_checkpoint_reshards_across_world_sizes(groups, batch, tmp_path):
     two, one = reset(groups[2]), reset(groups[1])
     two.update(batch)

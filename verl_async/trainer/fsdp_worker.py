@@ -430,11 +430,10 @@ class FSDPWorker(RankBase):
     def save(self, path: str, extra: Optional[dict] = None) -> None:
         """Sharded model + optimizer (torch.distributed.checkpoint), scheduler, step, RNG, `extra`."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         self._load_if_offloaded()
         os.makedirs(path, exist_ok=True)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = self._state_dicts()
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
         self._save_trainer_state(path, self.lr_scheduler.state_dict(), extra)
         self._offload_if_asked()
@@ -442,13 +441,13 @@ class FSDPWorker(RankBase):
     def load(self, path: str) -> dict:
         """Restore what `save` wrote; returns its `extra`."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_state_dict
 
         self._trainer_state_file(path)
         self._load_if_offloaded()
         if self.settings.optimizer_offload and not self.settings.offload_policy and self.settings.device != "cpu":
             self._move_optimizer(self.device.torch_device)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = self._state_dicts()  # the load target; every entry is overwritten below
         state = {"model": model_sd, "optimizer": optim_sd}
         dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
@@ -459,6 +458,29 @@ class FSDPWorker(RankBase):
             dist.barrier()
         self._offload_if_asked()
         return dict(trainer_state.get("extra") or {})
+
+    def _state_dicts(self) -> tuple[dict, dict]:
+        """`get_state_dict(model, optimizer)` without its side effect on an optimizer that never stepped.
+
+        An optimizer without state (no `optimizer.step()` yet: a fresh start, or only skipped steps) gets one
+        from `torch.distributed.checkpoint.state_dict._init_optim_state`: a `step()` with zero gradients at
+        lr 0. The weights and AdamW's moments stay 0, but AdamW's `step` counter becomes 1, so the first real
+        step would run as step 2 (bias corrections 1 - beta**2: ~0.74 of a fresh Adam's first step) in this
+        run after a save, and in every run that loads that checkpoint. Counter 0 with zero moments is exactly
+        the state a fresh AdamW creates in its first step: saving (and resuming) changes nothing.
+        """
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        fresh = not self.optimizer.state
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        if fresh:
+            for state in (*self.optimizer.state.values(), *optim_sd.get("state", {}).values()):
+                step = state.get("step")
+                if isinstance(step, torch.Tensor):
+                    step.zero_()
+                elif step is not None:
+                    state["step"] = 0
+        return model_sd, optim_sd
 
     def shutdown(self) -> None:
         if dist.is_initialized():
