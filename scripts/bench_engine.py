@@ -16,7 +16,7 @@ next to it:
   exactly like the native engine: per batch size the SAME prompt token ids and the SAME
   per-request target lengths as GenerateRequests (`max_tokens = target`, `ignore_eos`,
   temperature 1, top-k/top-p off; the engine asks vLLM for the sampled token's log-prob as our
-  rollouts do: `--no-vllm-logprobs` drops it), all submitted at once, timed after one warm-up
+  rollouts do), all submitted at once, timed after one warm-up
   (other prompts, so no prefix-cache hits). Each response's length is checked against its
   target; reported as vllm_s, vllm_tok_s (useful tokens / s) and
   native_vs_vllm = vllm_s / engine_s (> 1: the native engine is faster).
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import importlib.util
 import json
@@ -107,9 +106,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--vllm", action="store_true", help="also run the rollout's vLLM engine (AsyncLLM) on the same workload (cuda; needs vLLM)")
     p.add_argument("--vllm-mem", type=float, default=0.5, help="vLLM gpu_memory_utilization (default 0.5)")
-    p.add_argument("--vllm-logprobs", dest="vllm_logprobs", action="store_true", default=True,
-                   help="vLLM returns the sampled token's log-prob, as the native engine and our rollouts do (default)")
-    p.add_argument("--no-vllm-logprobs", dest="vllm_logprobs", action="store_false")
     args = p.parse_args(argv)
     if args.vllm and args.device != "cuda":
         p.error(f"--vllm runs vLLM on the GPU: it needs --device cuda (got --device {args.device})")
@@ -357,30 +353,6 @@ def build_vllm_engine(args, model_dir: str, dtype: str) -> InferenceEngine:
     return build_engine_from_config(vllm_rollout_config(args, dtype), model_path=model_dir, device="cuda")
 
 
-@contextlib.contextmanager
-def vllm_logprobs(enabled: bool):
-    """`--no-vllm-logprobs`: while inside, the vLLM engine's requests ask for no log-prob (NaN is reported)."""
-    if enabled:
-        yield
-        return
-    from verl_async.rollout import vllm_engine
-
-    kwargs_fn, logprobs_fn = vllm_engine.vllm_sampling_kwargs, vllm_engine.sampled_logprobs
-
-    def without_logprobs(sampling, remaining):
-        kw = kwargs_fn(sampling, remaining)
-        kw.pop("logprobs")
-        kw.pop("flat_logprobs")
-        return kw
-
-    vllm_engine.vllm_sampling_kwargs = without_logprobs
-    vllm_engine.sampled_logprobs = lambda logprobs, token_ids: [math.nan] * len(token_ids)
-    try:
-        yield
-    finally:
-        vllm_engine.vllm_sampling_kwargs, vllm_engine.sampled_logprobs = kwargs_fn, logprobs_fn
-
-
 def vllm_version() -> str:
     try:
         import vllm
@@ -396,25 +368,24 @@ async def run_vllm(args, model_dir: str, dtype: str, vocab: int, workloads) -> t
     engine = build_vllm_engine(args, model_dir, dtype)
     rows = []
     try:
-        with vllm_logprobs(args.vllm_logprobs):
-            t0 = time.perf_counter()
-            try:
-                await engine.start()
-            except ImportError as exc:
-                raise SystemExit(f"bench_engine.py --vllm could not start vLLM (written against 0.26.0): {exc}") from exc
-            build_s = time.perf_counter() - t0
-            # Warm-up: the largest batch with prompts drawn apart from the workloads' (no prefix-cache hits).
-            rng = torch.Generator().manual_seed(args.seed + 1)
-            warm = torch.randint(0, vocab, (max(args.batch_list), args.prompt_len), generator=rng).tolist()
-            t0 = time.perf_counter()
-            await generate_all(engine, warm, [VLLM_WARMUP_TOKENS] * len(warm), "vllm-warm", "vLLM")
-            warm_s = time.perf_counter() - t0
-            version = vllm_version()
-            print(f"vLLM {version}: built in {build_s:.1f}s, warm-up {warm_s:.1f}s", flush=True)
-            for batch, prompts, lengths in workloads:
-                wall, tokens = await generate_all(engine, prompts, lengths, f"vllm-b{batch}", "vLLM")
-                rows.append({"batch": batch, "vllm_s": wall, "vllm_tok_s": tokens / wall})
-                print(f"vLLM batch {batch}: {tokens} tokens in {wall:.2f}s = {tokens / wall:.1f} tok/s", flush=True)
+        t0 = time.perf_counter()
+        try:
+            await engine.start()
+        except ImportError as exc:
+            raise SystemExit(f"bench_engine.py --vllm could not start vLLM (written against 0.26.0): {exc}") from exc
+        build_s = time.perf_counter() - t0
+        # Warm-up: the largest batch with prompts drawn apart from the workloads' (no prefix-cache hits).
+        rng = torch.Generator().manual_seed(args.seed + 1)
+        warm = torch.randint(0, vocab, (max(args.batch_list), args.prompt_len), generator=rng).tolist()
+        t0 = time.perf_counter()
+        await generate_all(engine, warm, [VLLM_WARMUP_TOKENS] * len(warm), "vllm-warm", "vLLM")
+        warm_s = time.perf_counter() - t0
+        version = vllm_version()
+        print(f"vLLM {version}: built in {build_s:.1f}s, warm-up {warm_s:.1f}s", flush=True)
+        for batch, prompts, lengths in workloads:
+            wall, tokens = await generate_all(engine, prompts, lengths, f"vllm-b{batch}", "vLLM")
+            rows.append({"batch": batch, "vllm_s": wall, "vllm_tok_s": tokens / wall})
+            print(f"vLLM batch {batch}: {tokens} tokens in {wall:.2f}s = {tokens / wall:.1f} tok/s", flush=True)
     finally:
         await shutdown_vllm(engine)
     info = {
@@ -422,7 +393,6 @@ async def run_vllm(args, model_dir: str, dtype: str, vocab: int, workloads) -> t
         "version": version,
         "engine_kwargs": dict(engine.engine_kwargs),
         "env": {k: os.environ.get(k) for k in VLLM_ENV},
-        "logprobs": args.vllm_logprobs,
         "build_s": build_s,
         "warmup_s": warm_s,
     }

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import importlib.util
-import math
 import os
 import sys
 import types
@@ -35,12 +34,12 @@ def row(be, batch=4, lengths=(3, 5, 8, 2), wall=0.5):
 
 def test_vllm_flags_default_off(be):
     args = be.parse_args(["--device", "cpu"])
-    assert args.vllm is False and args.vllm_mem == 0.5 and args.vllm_logprobs is True
+    assert args.vllm is False and args.vllm_mem == 0.5
 
 
 def test_vllm_flags_parsed(be):
-    args = be.parse_args(["--device", "cuda", "--vllm", "--vllm-mem", "0.3", "--no-vllm-logprobs", "--batches", "1,8"])
-    assert args.vllm is True and args.vllm_mem == 0.3 and args.vllm_logprobs is False
+    args = be.parse_args(["--device", "cuda", "--vllm", "--vllm-mem", "0.3", "--batches", "1,8"])
+    assert args.vllm is True and args.vllm_mem == 0.3
     assert args.batch_list == [1, 8]
 
 
@@ -215,38 +214,8 @@ def test_run_vllm_same_workload_one_engine(be, monkeypatch):
         assert r["batch"] == batch and r["vllm_tok_s"] == pytest.approx(sum(lengths) / r["vllm_s"])
     assert max(llm.peaks[5:7]) == 2 and max(llm.peaks[7:]) == 5  # each batch submitted at once
     assert info["engine"] == "verl_async.rollout.vllm_engine.VLLMEngine" and info["version"] == "0.0-fake"
-    assert info["logprobs"] is True and info["engine_kwargs"]["max_num_seqs"] == 5
+    assert info["engine_kwargs"]["max_num_seqs"] == 5
     assert info["env"] == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
-
-
-def test_run_vllm_without_logprobs(be, monkeypatch):
-    from verl_async.rollout import vllm_engine
-
-    before = (vllm_engine.vllm_sampling_kwargs, vllm_engine.sampled_logprobs)
-    fake_vllm(monkeypatch)
-    args = be.parse_args(["--device", "cuda", "--vllm", "--no-vllm-logprobs", "--batches", "3", "--prompt-len", "4"])
-    info, rows = asyncio.run(be.run_vllm(args, "/m", "torch.bfloat16", 50, workloads(be, args)))
-    llm = FakeAsyncLLM.instances[0]
-    assert info["logprobs"] is False and len(rows) == 1 and llm.shut
-    assert all("logprobs" not in kw and "flat_logprobs" not in kw for _, _, kw, _ in llm.requests)
-    assert (vllm_engine.vllm_sampling_kwargs, vllm_engine.sampled_logprobs) == before  # restored for the product
-
-
-def test_no_vllm_logprobs_results_carry_nan(be, monkeypatch):
-    from verl_async.rollout.engine import GenerateRequest, SamplingParams
-    from verl_async.rollout.vllm_engine import VLLMEngine
-
-    fake_vllm(monkeypatch)
-
-    async def main():
-        engine = VLLMEngine({"model": "/m", "max_model_len": 64})
-        with be.vllm_logprobs(False):
-            res = await engine.generate(GenerateRequest("r", [1, 2], SamplingParams(max_tokens=3, ignore_eos=True)))
-        await engine.shutdown()
-        return res
-
-    res = asyncio.run(main())
-    assert len(res.token_ids) == 3 and len(res.log_probs) == 3 and all(math.isnan(x) for x in res.log_probs)
 
 
 def test_run_vllm_rejects_short_responses_and_still_shuts_down(be, monkeypatch):
