@@ -10,22 +10,26 @@ next to it:
 - the memory-bandwidth roofline: every decode step must read the weights once plus the K/V
   of every cached token it attends to; roofline time = sum over the engine's decode steps of
   (weight bytes + KV bytes read) / measured device copy bandwidth (prefill not counted);
-- with `--vllm` (CUDA only, needs vLLM; written against 0.26.0): vLLM's offline engine
-  (`vllm.LLM`) on the same GPU and the same workload: per batch size the SAME prompt token
-  ids and the SAME per-request target lengths (`max_tokens = target`, `ignore_eos`,
-  temperature 1, top-k/top-p off, the sampled token's log-prob requested as our rollouts do:
-  `--no-vllm-logprobs` drops it), all submitted in one `llm.generate`, timed after one
-  warm-up generate (other prompts, so no prefix-cache hits). Each response's length is
-  checked against its target; reported as vllm_s, vllm_tok_s (useful tokens / s) and
+- with `--vllm` (CUDA only, needs vLLM; written against 0.26.0): the rollout's own vLLM engine
+  (`verl_async.rollout.vllm_engine.VLLMEngine`: vLLM's AsyncLLM, what
+  `actor_rollout_ref.rollout.name=vllm` serves) on the same GPU and the same workload, driven
+  exactly like the native engine: per batch size the SAME prompt token ids and the SAME
+  per-request target lengths as GenerateRequests (`max_tokens = target`, `ignore_eos`,
+  temperature 1, top-k/top-p off; the engine asks vLLM for the sampled token's log-prob as our
+  rollouts do), all submitted at once, timed after one warm-up
+  (other prompts, so no prefix-cache hits). Each response's length is checked against its
+  target; reported as vllm_s, vllm_tok_s (useful tokens / s) and
   native_vs_vllm = vllm_s / engine_s (> 1: the native engine is faster).
   Order, so neither holds memory while the other runs: the native engine (and HF) runs every
   batch first and is released (shutdown, del, gc, empty_cache; what stays reserved is
   reported), then ONE vLLM engine (max_num_seqs = the largest batch, like the native
   engine; gpu_memory_utilization = `--vllm-mem`, default 0.5; CUDA graphs on; engine seed
   `--seed`, no per-request seeds: vLLM samples seeded requests one by one) serves every
-  batch and is released. Engine keywords come from the rollout's own
-  `engine_args_from_config` (token ids in/out, chunked prefill, prefix caching), and the
-  environment of `scripts/device/run_all_gpu.sh` (VLLM_WORKER_MULTIPROC_METHOD=spawn,
+  batch and is shut down (`VLLMEngine.shutdown`). The engine is built the way a rollout
+  replica builds it (`build_engine_from_config` -> `VLLMEngine.from_config` ->
+  `engine_args_from_config`: token ids in/out, chunked prefill, prefix caching, processed
+  log-probs, the weight-sync worker extension), and the environment of
+  `scripts/device/run_all_gpu.sh` (VLLM_WORKER_MULTIPROC_METHOD=spawn,
   VLLM_USE_FLASHINFER_SAMPLER=0) is set unless already set. vLLM loads a folder: a local
   model folder as is; the random-weight model is written to a temporary folder first.
 
@@ -57,7 +61,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from verl_async.rollout.engine import GenerateRequest, SamplingParams  # noqa: E402
+from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams  # noqa: E402
 from verl_async.rollout.native import NativeEngine  # noqa: E402
 from verl_async.utils import device as device_lib  # noqa: E402
 
@@ -100,11 +104,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: leave as is)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
-    p.add_argument("--vllm", action="store_true", help="also run vLLM's offline engine on the same workload (cuda; needs vLLM)")
+    p.add_argument("--vllm", action="store_true", help="also run the rollout's vLLM engine (AsyncLLM) on the same workload (cuda; needs vLLM)")
     p.add_argument("--vllm-mem", type=float, default=0.5, help="vLLM gpu_memory_utilization (default 0.5)")
-    p.add_argument("--vllm-logprobs", dest="vllm_logprobs", action="store_true", default=True,
-                   help="vLLM returns the sampled token's log-prob, as the native engine and our rollouts do (default)")
-    p.add_argument("--no-vllm-logprobs", dest="vllm_logprobs", action="store_false")
     args = p.parse_args(argv)
     if args.vllm and args.device != "cuda":
         p.error(f"--vllm runs vLLM on the GPU: it needs --device cuda (got --device {args.device})")
@@ -160,19 +161,27 @@ def workload(args, batch: int, vocab: int, rng: torch.Generator):
     return prompts, lengths
 
 
-async def run_engine(engine: NativeEngine, prompts, lengths, tag: str):
+async def generate_all(engine: InferenceEngine, prompts, lengths, tag: str, who: str) -> tuple[float, int]:
+    """Every request at once through `engine.generate`, as a rollout replica drives either engine.
+
+    Temperature 1, `max_tokens` = the target, `ignore_eos`: (wall seconds, useful tokens after the length check).
+    """
     reqs = [
         GenerateRequest(f"{tag}-{i}", p, SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True))
         for i, (p, n) in enumerate(zip(prompts, lengths))
     ]
-    before = engine.profile()
     t0 = time.perf_counter()
     results = await asyncio.gather(*[engine.generate(r) for r in reqs])
     wall = time.perf_counter() - t0
     bad = [r.error for r in results if not r.ok]
     if bad:
-        raise RuntimeError(f"engine returned errors: {bad[:3]}")
-    check_lengths([len(r.token_ids) for r in results], lengths, "native engine")
+        raise RuntimeError(f"{who} returned errors: {bad[:3]}")
+    return wall, check_lengths([len(r.token_ids) for r in results], lengths, who)
+
+
+async def run_engine(engine: NativeEngine, prompts, lengths, tag: str):
+    before = engine.profile()
+    wall, _ = await generate_all(engine, prompts, lengths, tag, "native engine")
     after = engine.profile()
     static = ("weight_bytes", "kv_bytes_per_token", "peak_running")
     delta = {k: (v if k in static else v - before.get(k, 0)) for k, v in after.items()}
@@ -312,17 +321,6 @@ def require_vllm() -> None:
                          "pip install 'verl_async[vllm]' (or scripts/device/prepare_vllm.sh), or drop --vllm")
 
 
-def import_vllm():
-    """`import vllm` with the repository's vLLM environment (VLLM_ENV, existing values kept)."""
-    for key, value in VLLM_ENV.items():
-        os.environ.setdefault(key, value)
-    try:
-        import vllm
-    except ImportError as exc:
-        raise SystemExit(f"bench_engine.py --vllm could not import vLLM (written against 0.26.0): {exc}") from exc
-    return vllm
-
-
 def vllm_model_dir(args, model) -> str:
     """A folder vLLM can load holding the benchmarked weights: the tiny model's or a local one, else a temp copy."""
     if args.model == "tiny":
@@ -334,11 +332,10 @@ def vllm_model_dir(args, model) -> str:
     return args.model
 
 
-def vllm_engine_kwargs(args, model_dir: str, dtype: str) -> dict:
-    """`vllm.LLM` keywords: the rollout's own (engine_args_from_config) sized like the native engine."""
-    from verl_async.rollout.vllm_engine import engine_args_from_config
-
-    cfg = {
+def vllm_rollout_config(args, dtype: str) -> dict:
+    """The rollout keys the vLLM engine is built from, sized like the native engine (max_num_seqs = largest batch)."""
+    return {
+        "name": "vllm",
         "dtype": dtype.removeprefix("torch."),
         "gpu_memory_utilization": args.vllm_mem,
         "max_num_seqs": max(args.batch_list),
@@ -347,86 +344,67 @@ def vllm_engine_kwargs(args, model_dir: str, dtype: str) -> dict:
         "enforce_eager": False,
         "seed": args.seed,
     }
-    kwargs = engine_args_from_config(cfg, model_path=model_dir)
-    kwargs.pop("worker_extension_cls", None)  # weight sync only
-    return kwargs
 
 
-def vllm_sampling(lengths: list[int], logprobs: bool) -> list[dict]:
-    """Per-request vLLM SamplingParams keywords: exactly `n` tokens each (ignore_eos, max_tokens = n).
+def build_vllm_engine(args, model_dir: str, dtype: str) -> InferenceEngine:
+    """The rollout's vLLM engine, built as a rollout replica builds it (vLLM itself starts in `start()`)."""
+    from verl_async.rollout.registry import build_engine_from_config
 
-    Built by the rollout's own `vllm_sampling_kwargs` (temperature 1, top-k/top-p off, no
-    detokenizing); no min_tokens (redundant with ignore_eos and no stop tokens, and its logits
-    processor masks EOS, which the native engine does not) and no per-request seed (vLLM
-    samples seeded requests one by one): the lengths are checked after the run instead.
-    """
-    from verl_async.rollout.vllm_engine import vllm_sampling_kwargs
-
-    out = []
-    for n in lengths:
-        kw = vllm_sampling_kwargs(SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True), n)
-        if not logprobs:
-            kw.pop("logprobs")
-            kw.pop("flat_logprobs")
-        out.append(kw)
-    return out
+    return build_engine_from_config(vllm_rollout_config(args, dtype), model_path=model_dir, device="cuda")
 
 
-def vllm_generate(llm, prompts: list[list[int]], lengths: list[int], logprobs: bool) -> tuple[float, int]:
-    """One timed `llm.generate` of every request at once: (wall seconds, useful tokens after the length check)."""
-    from vllm import SamplingParams as VSamplingParams
-    from vllm.inputs import TokensPrompt
-
-    inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-    params = [VSamplingParams(**kw) for kw in vllm_sampling(lengths, logprobs)]
-    t0 = time.perf_counter()
-    outs = llm.generate(inputs, params, use_tqdm=False)
-    wall = time.perf_counter() - t0
-    return wall, check_lengths([len(o.outputs[0].token_ids) for o in outs], lengths, "vLLM")
+def vllm_version() -> str:
+    try:
+        import vllm
+    except ImportError:
+        return "?"
+    return str(getattr(vllm, "__version__", "?"))
 
 
-def run_vllm(args, model_dir: str, dtype: str, vocab: int, workloads) -> tuple[dict, list[dict]]:
-    """Build one vLLM engine, warm it, time every workload, release it: (info, [{batch, vllm_s, vllm_tok_s}])."""
-    vllm = import_vllm()
-    kwargs = vllm_engine_kwargs(args, model_dir, dtype)
-    t0 = time.perf_counter()
-    llm = vllm.LLM(**kwargs)
-    build_s = time.perf_counter() - t0
+async def run_vllm(args, model_dir: str, dtype: str, vocab: int, workloads) -> tuple[dict, list[dict]]:
+    """Build one vLLM engine, warm it, time every workload, shut it down: (info, [{batch, vllm_s, vllm_tok_s}])."""
+    for key, value in VLLM_ENV.items():
+        os.environ.setdefault(key, value)
+    engine = build_vllm_engine(args, model_dir, dtype)
     rows = []
     try:
+        t0 = time.perf_counter()
+        try:
+            await engine.start()
+        except ImportError as exc:
+            raise SystemExit(f"bench_engine.py --vllm could not start vLLM (written against 0.26.0): {exc}") from exc
+        build_s = time.perf_counter() - t0
         # Warm-up: the largest batch with prompts drawn apart from the workloads' (no prefix-cache hits).
         rng = torch.Generator().manual_seed(args.seed + 1)
         warm = torch.randint(0, vocab, (max(args.batch_list), args.prompt_len), generator=rng).tolist()
         t0 = time.perf_counter()
-        vllm_generate(llm, warm, [VLLM_WARMUP_TOKENS] * len(warm), args.vllm_logprobs)
+        await generate_all(engine, warm, [VLLM_WARMUP_TOKENS] * len(warm), "vllm-warm", "vLLM")
         warm_s = time.perf_counter() - t0
-        print(f"vLLM {vllm.__version__}: built in {build_s:.1f}s, warm-up {warm_s:.1f}s", flush=True)
+        version = vllm_version()
+        print(f"vLLM {version}: built in {build_s:.1f}s, warm-up {warm_s:.1f}s", flush=True)
         for batch, prompts, lengths in workloads:
-            wall, tokens = vllm_generate(llm, prompts, lengths, args.vllm_logprobs)
+            wall, tokens = await generate_all(engine, prompts, lengths, f"vllm-b{batch}", "vLLM")
             rows.append({"batch": batch, "vllm_s": wall, "vllm_tok_s": tokens / wall})
             print(f"vLLM batch {batch}: {tokens} tokens in {wall:.2f}s = {tokens / wall:.1f} tok/s", flush=True)
     finally:
-        release_vllm(llm)
-        del llm
+        await shutdown_vllm(engine)
     info = {
-        "version": getattr(vllm, "__version__", "?"),
-        "engine_kwargs": kwargs,
+        "engine": f"{type(engine).__module__}.{type(engine).__qualname__}",
+        "version": version,
+        "engine_kwargs": dict(engine.engine_kwargs),
         "env": {k: os.environ.get(k) for k in VLLM_ENV},
-        "logprobs": args.vllm_logprobs,
         "build_s": build_s,
         "warmup_s": warm_s,
     }
     return info, rows
 
 
-def release_vllm(llm) -> None:
-    """Stop vLLM's engine core (its child process holds the GPU memory), then gc + empty_cache here."""
-    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
-        try:
-            core.shutdown()
-        except Exception as exc:  # noqa: BLE001  a failed shutdown must not hide the results
-            print(f"vLLM engine core shutdown failed: {type(exc).__name__}: {exc}", flush=True)
+async def shutdown_vllm(engine: InferenceEngine) -> None:
+    """`engine.shutdown()` (stops vLLM's engine core, whose process holds the GPU memory), then gc + empty_cache."""
+    try:
+        await engine.shutdown()
+    except Exception as exc:  # noqa: BLE001  a failed shutdown must not hide the results (or the error)
+        print(f"vLLM engine shutdown failed: {type(exc).__name__}: {exc}", flush=True)
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -495,7 +473,8 @@ def main(argv=None) -> dict:
             reserved = release_device_memory(spec)  # the native engine's memory, before vLLM sizes its KV cache
             report["native_reserved_after_release_bytes"] = reserved
             print(f"native engine released: {(reserved or 0) / 2**30:.2f} GiB still reserved by torch", flush=True)
-            report["vllm"], vllm_rows = run_vllm(args, vllm_dir, report["dtype"], report["vocab_size"], workloads)
+            report["vllm"], vllm_rows = asyncio.run(
+                run_vllm(args, vllm_dir, report["dtype"], report["vocab_size"], workloads))
         finally:
             if vllm_dir and vllm_dir.startswith(os.path.join(tempfile.gettempdir(), "verl_async_bench_vllm_")):
                 shutil.rmtree(vllm_dir, ignore_errors=True)

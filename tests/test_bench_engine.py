@@ -1,8 +1,11 @@
 """scripts/bench_engine.py on CPU: arguments, the length check, the table/rows with vLLM fields, and the --vllm
-phase against a stand-in `vllm` module (the real one runs on the GPU machine; nothing here is timed)."""
+phase: the rollout's VLLMEngine over a stand-in vLLM AsyncLLM (the real one runs on the GPU machine; nothing here
+is timed)."""
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import importlib.util
 import os
 import sys
@@ -31,12 +34,12 @@ def row(be, batch=4, lengths=(3, 5, 8, 2), wall=0.5):
 
 def test_vllm_flags_default_off(be):
     args = be.parse_args(["--device", "cpu"])
-    assert args.vllm is False and args.vllm_mem == 0.5 and args.vllm_logprobs is True
+    assert args.vllm is False and args.vllm_mem == 0.5
 
 
 def test_vllm_flags_parsed(be):
-    args = be.parse_args(["--device", "cuda", "--vllm", "--vllm-mem", "0.3", "--no-vllm-logprobs", "--batches", "1,8"])
-    assert args.vllm is True and args.vllm_mem == 0.3 and args.vllm_logprobs is False
+    args = be.parse_args(["--device", "cuda", "--vllm", "--vllm-mem", "0.3", "--batches", "1,8"])
+    assert args.vllm is True and args.vllm_mem == 0.3
     assert args.batch_list == [1, 8]
 
 
@@ -95,57 +98,82 @@ def test_table_row_with_and_without_vllm(be):
 
 # ------------------------------------------------------------------ the vLLM phase (stand-in vllm)
 
-def test_engine_kwargs_follow_the_native_engine(be):
+def test_vllm_engine_is_the_rollouts_sized_like_the_native_engine(be):
+    from verl_async.rollout.vllm_engine import WORKER_EXTENSION, VLLMEngine
+
     args = be.parse_args(["--device", "cuda", "--vllm", "--vllm-mem", "0.4", "--batches", "1,16,64", "--seed", "7"])
-    kw = be.vllm_engine_kwargs(args, "/m", "torch.bfloat16")
+    engine = be.build_vllm_engine(args, "/m", "torch.bfloat16")  # builds no vLLM yet (that is start())
+    assert type(engine) is VLLMEngine and engine.llm is None
+    kw = engine.engine_kwargs
     assert kw["model"] == "/m" and kw["dtype"] == "bfloat16" and kw["gpu_memory_utilization"] == 0.4
     assert kw["max_num_seqs"] == 64 and kw["max_model_len"] == be.model_len(args) == 2304  # 128 + 2048 up to 256s
     assert kw["max_num_batched_tokens"] == 8192 and kw["enforce_eager"] is False and kw["seed"] == 7
-    assert kw["skip_tokenizer_init"] is True and "worker_extension_cls" not in kw
+    # the product's own settings, untouched
+    assert kw["skip_tokenizer_init"] is True and kw["logprobs_mode"] == "processed_logprobs"
+    assert kw["worker_extension_cls"] == WORKER_EXTENSION and kw["enable_prefix_caching"] is True
 
 
-@pytest.mark.parametrize("logprobs", [True, False])
-def test_sampling_is_exact_length(be, logprobs):
-    kws = be.vllm_sampling([3, 17], logprobs)
-    assert [k["max_tokens"] for k in kws] == [3, 17]
-    for k in kws:
-        assert k["ignore_eos"] is True and k["temperature"] == 1.0 and k["top_p"] == 1.0 and k["top_k"] == 0
-        assert k["seed"] is None and "min_tokens" not in k and k["stop_token_ids"] == []
-        assert ("logprobs" in k) == logprobs and k.get("logprobs", 0) == 0
+class FakeAsyncLLM:
+    """vLLM's AsyncLLM as far as VLLMEngine uses it for generation; records every request and the peak in flight."""
 
-
-class FakeLLM:
     instances: list = []
+    short: str | None = None  # this request id gets one token less
 
-    def __init__(self, short: int | None = None, **kwargs):
-        self.kwargs, self.short, self.calls, self.shut = kwargs, short, [], False
-        self.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=self._shutdown))
-        FakeLLM.instances.append(self)
+    def __init__(self, engine_args):
+        self.kwargs = engine_args.kwargs
+        self.vllm_config = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=self.kwargs["max_model_len"]))
+        self.requests, self.in_flight, self.peaks, self.shut = [], 0, [], False
+        FakeAsyncLLM.instances.append(self)
 
-    def _shutdown(self):
+    @classmethod
+    def from_engine_args(cls, engine_args):
+        return cls(engine_args)
+
+    async def generate(self, prompt, sp, request_id):
+        assert not self.shut
+        self.requests.append((request_id, list(prompt["prompt_token_ids"]), dict(sp.kw), sp.output_kind.name))
+        self.in_flight += 1
+        self.peaks.append(self.in_flight)
+        await asyncio.sleep(0)  # the other requests of the batch come in meanwhile
+        n = sp.kw["max_tokens"] - (request_id == FakeAsyncLLM.short)
+        out = [7] * n
+        logprobs = None
+        if "logprobs" in sp.kw:
+            logprobs = types.SimpleNamespace(start_indices=list(range(n)), end_indices=list(range(1, n + 1)),
+                                             token_ids=list(out), logprobs=[-0.5] * n)
+        self.in_flight -= 1
+        yield types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=out, logprobs=logprobs,
+                                                                   finish_reason="length")])
+
+    def shutdown(self):
         self.shut = True
 
-    def generate(self, prompts, params, use_tqdm=True):
-        assert use_tqdm is False and len(prompts) == len(params)
-        self.calls.append(([p["prompt_token_ids"] for p in prompts], [p.kw for p in params]))
-        outs = []
-        for i, p in enumerate(params):
-            n = p.kw["max_tokens"] - (1 if self.short == i and len(self.calls) > 1 else 0)
-            outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[0] * n)]))
-        return outs
 
+def fake_vllm(monkeypatch, short=None, async_llm=True):
+    """Just the modules VLLMEngine imports (vLLM 0.26 paths); no `vllm.LLM`: the offline entrypoint is not used."""
+    FakeAsyncLLM.instances, FakeAsyncLLM.short = [], short
 
-def fake_vllm(monkeypatch, short=None):
-    FakeLLM.instances = []
-    vllm = types.ModuleType("vllm")
-    vllm.__version__ = "0.0-fake"
-    vllm.LLM = lambda **kw: FakeLLM(short=short, **kw)
-    vllm.SamplingParams = lambda **kw: types.SimpleNamespace(kw=kw)
-    inputs = types.ModuleType("vllm.inputs")
-    inputs.TokensPrompt = lambda **kw: dict(kw)
-    vllm.inputs = inputs
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    class _Args:
+        def __init__(self, **kw):
+            self.kwargs = kw
+
+    class _SP:
+        def __init__(self, output_kind=None, **kw):
+            self.kw, self.output_kind = kw, output_kind
+
+    names = ("vllm", "vllm.inputs", "vllm.sampling_params", "vllm.engine", "vllm.engine.arg_utils", "vllm.v1",
+             "vllm.v1.engine", "vllm.v1.engine.async_llm")
+    mods = {name: types.ModuleType(name) for name in names}
+    mods["vllm"].__version__ = "0.0-fake"
+    mods["vllm"].SamplingParams = _SP
+    mods["vllm.inputs"].TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    mods["vllm.sampling_params"].RequestOutputKind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY")
+    mods["vllm.engine.arg_utils"].AsyncEngineArgs = _Args
+    mods["vllm.v1.engine.async_llm"].AsyncLLM = FakeAsyncLLM
+    if not async_llm:
+        mods["vllm.v1.engine.async_llm"] = None  # import fails
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")})
 
 
@@ -156,30 +184,54 @@ def workloads(be, args, vocab=50):
     return [(b, *be.workload(args, b, vocab, rng)) for b in args.batch_list]
 
 
+def by_tag(llm, tag):
+    """(prompt, SamplingParams keywords) of the requests `tag`-0, `tag`-1, ... in request order."""
+    got = {rid: (prompt, kw) for rid, prompt, kw, _ in llm.requests if rid.rsplit("-", 1)[0] == tag}
+    return [got[f"{tag}-{i}"] for i in range(len(got))]
+
+
 def test_run_vllm_same_workload_one_engine(be, monkeypatch):
     fake_vllm(monkeypatch)
     args = be.parse_args(["--device", "cuda", "--vllm", "--batches", "2,5", "--prompt-len", "6", "--max-len", "40"])
     wls = workloads(be, args)
-    info, rows = be.run_vllm(args, "/m", "torch.bfloat16", 50, wls)
-    assert len(FakeLLM.instances) == 1  # built once for every batch size
-    llm = FakeLLM.instances[0]
+    info, rows = asyncio.run(be.run_vllm(args, "/m", "torch.bfloat16", 50, wls))
+    assert len(FakeAsyncLLM.instances) == 1  # built once for every batch size
+    llm = FakeAsyncLLM.instances[0]
     assert llm.kwargs["max_num_seqs"] == 5 and llm.kwargs["gpu_memory_utilization"] == 0.5 and llm.shut
-    warm_prompts, warm_params = llm.calls[0]
-    assert len(warm_prompts) == 5 and all(p["max_tokens"] == be.VLLM_WARMUP_TOKENS for p in warm_params)
-    assert not {tuple(p) for p in warm_prompts} & {tuple(p) for w in wls for p in w[1]}  # no prefix-cache hits
-    for (batch, prompts, lengths), (sent, params), r in zip(wls, llm.calls[1:], rows):
-        assert sent == prompts and [p["max_tokens"] for p in params] == lengths
+    assert len(llm.requests) == 5 + 2 + 5 and all(kind == "FINAL_ONLY" for *_, kind in llm.requests)
+    warm = by_tag(llm, "vllm-warm")
+    assert len(warm) == 5 and all(kw["max_tokens"] == be.VLLM_WARMUP_TOKENS for _, kw in warm)
+    assert llm.requests[0][0].startswith("vllm-warm-")  # the warm-up comes first
+    assert not {tuple(p) for p, _ in warm} & {tuple(p) for w in wls for p in w[1]}  # no prefix-cache hits
+    assert max(llm.peaks[:5]) == 5  # submitted at once
+    for (batch, prompts, lengths), r in zip(wls, rows):
+        sent = by_tag(llm, f"vllm-b{batch}")
+        assert [p for p, _ in sent] == prompts and [kw["max_tokens"] for _, kw in sent] == lengths
+        for _, kw in sent:
+            assert kw["ignore_eos"] is True and kw["temperature"] == 1.0 and kw["top_p"] == 1.0 and kw["top_k"] == 0
+            assert kw["seed"] is None and "min_tokens" not in kw and kw["stop_token_ids"] == []
+            assert kw["logprobs"] == 0  # the sampled token's log-prob, as our rollouts ask
         assert r["batch"] == batch and r["vllm_tok_s"] == pytest.approx(sum(lengths) / r["vllm_s"])
-    assert info["version"] == "0.0-fake" and info["logprobs"] is True
+    assert max(llm.peaks[5:7]) == 2 and max(llm.peaks[7:]) == 5  # each batch submitted at once
+    assert info["engine"] == "verl_async.rollout.vllm_engine.VLLMEngine" and info["version"] == "0.0-fake"
+    assert info["engine_kwargs"]["max_num_seqs"] == 5
     assert info["env"] == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
-def test_run_vllm_rejects_short_responses_and_still_releases(be, monkeypatch):
-    fake_vllm(monkeypatch, short=1)
+def test_run_vllm_rejects_short_responses_and_still_shuts_down(be, monkeypatch):
+    fake_vllm(monkeypatch, short="vllm-b3-1")
     args = be.parse_args(["--device", "cuda", "--vllm", "--batches", "3", "--prompt-len", "4"])
     with pytest.raises(RuntimeError, match="vLLM did not produce the target lengths: 1 of 3"):
-        be.run_vllm(args, "/m", "torch.bfloat16", 50, workloads(be, args))
-    assert FakeLLM.instances[0].shut
+        asyncio.run(be.run_vllm(args, "/m", "torch.bfloat16", 50, workloads(be, args)))
+    assert FakeAsyncLLM.instances[0].shut
+
+
+def test_run_vllm_without_async_llm_names_the_flag(be, monkeypatch):
+    fake_vllm(monkeypatch, async_llm=False)
+    args = be.parse_args(["--device", "cuda", "--vllm", "--batches", "3", "--prompt-len", "4"])
+    with pytest.raises(SystemExit, match="--vllm could not start vLLM"):
+        asyncio.run(be.run_vllm(args, "/m", "torch.bfloat16", 50, workloads(be, args)))
+    assert FakeAsyncLLM.instances == []
 
 
 def test_model_dir_for_vllm(be, tmp_path, monkeypatch):

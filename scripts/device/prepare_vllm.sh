@@ -24,10 +24,11 @@ set -euo pipefail
 VLLM=${VLLM_VERSION:-0.26.0}
 PART_MIB=${PART_MIB:-56}
 PY=${PYTHON:-python3}
+# partial-json-parser (pure Python): not on AsyncLLM's path, but vllm.LLM imports it (llm.py -> pooling -> vllm.tool_parsers)
 DEPS="pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
 pyzmq==27.3.0 msgspec==0.22.0 cbor2==6.2.1 pybase64==1.5.1 cachetools==8.0.1 setproctitle==1.3.8 blake3==1.0.11
 openai==2.54.0 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1 openai-harmony==0.0.8 llguidance==1.7.6 xgrammar==0.2.8
-apache-tvm-ffi==0.1.15.post2 fastapi==0.136.3 starlette==1.10.0"
+apache-tvm-ffi==0.1.15.post2 fastapi==0.136.3 starlette==1.10.0 partial-json-parser==0.2.1.1.post7"
 STRIP="vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs vllm/_moe_C_stable_libtorch.abi3.so vllm/_qutlass_C.abi3.so
 vllm/_flashmla_C.abi3.so vllm/_flashmla_extension_C.abi3.so vllm/third_party/deep_gemm vllm/third_party/fmha_sm100"
 PLAT="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
