@@ -1,7 +1,8 @@
-"""FSDP2 training throughput benchmark (not a test): tokens/s, peak memory and MFU.
+"""FSDP2 / Megatron training throughput benchmark (not a test): tokens/s, step time, peak memory and MFU.
 
     python scripts/bench_train.py --device cuda --gpus 1 2          # the 0.5B-shaped run (H100/H200)
     python scripts/bench_train.py --device cpu --tiny --gpus 1 2    # smoke check of the script itself
+    python scripts/bench_train.py --device cuda --gpus 1 --strategy fsdp2 megatron --attn varlen --layouts packed
 
 For each world size x attention implementation it starts an `FSDPWorkerGroup` on a
 random-weight Qwen2 model of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads,
@@ -17,6 +18,22 @@ real tokens). It also times `compute_log_prob` (forward only).
 for its padding. Before timing, packed and padded log-probs of the same rows are
 compared (max |diff|; bf16 on GPU, so ~1e-2 is normal, > 0.5 means a broken attention
 path). Prints a table and writes JSON (`--out`).
+
+`--strategy fsdp2 megatron`: the same model, batches, micro-token budget and timing for
+the Megatron-core trainer (`MegatronWorkerGroup`, config `fully_async_ppo_megatron_trainer`,
+TP = `--megatron-tp`, PP = 1, DP = world / TP), one row per world size beside the FSDP2
+rows (`strategy` column). What differs, and is reported as such:
+
+* layout: Megatron has no packing. Its rows are right-padded; the micro-batches hold a
+  fixed number of rows sized like the FSDP `padded` layout (at most `--micro-tokens`
+  padded tokens), whatever `--layouts` says (`layout` = "right-padded");
+* attention: `--attn` is an FSDP (HF) setting; Megatron runs megatron-core's local layer
+  spec (unfused `DotProductAttention`, no TransformerEngine) (`attn` = "mcore-local");
+* `--offload` turns on `megatron.param_offload/grad_offload/optimizer_offload`;
+* `params` (the MFU numerator) is the HF checkpoint's parameter count, as for FSDP2
+  (Megatron's ranks hold shards when TP > 1); no packed-vs-padded check (n/a);
+* `--profile` profiles FSDP2 rows only (Megatron ranks have no profiler hook: a note is
+  printed).
 
 `--profile DIR`: after the timed steps of each configuration, one more step (the last
 batch again, not counted in the timings) runs under torch.profiler inside every trainer
@@ -121,7 +138,23 @@ def make_batch(target_tokens: int, n: int, prompt_len: tuple[int, int], response
     return batch
 
 
-def compose(model_dir: str, world: int, attn: str, args) -> object:
+def hf_param_count(model_dir: str) -> int:
+    """Parameters of the HF checkpoint (tied embeddings stored once, as FSDP2 counts them)."""
+    from safetensors import safe_open
+
+    total = 0
+    for name in sorted(os.listdir(model_dir)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(model_dir, name), framework="pt") as f:
+                for key in f.keys():
+                    n = 1
+                    for d in f.get_slice(key).get_shape():
+                        n *= d
+                    total += n
+    return total
+
+
+def compose(model_dir: str, world: int, attn: str, args, strategy: str = "fsdp2") -> object:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -133,11 +166,18 @@ def compose(model_dir: str, world: int, attn: str, args) -> object:
         f"trainer.device={args.device}", f"trainer.n_gpus_per_node={world}", "trainer.worker_timeout_s=900",
         f"actor_rollout_ref.rollout.n={args.n}", f"{a}.ppo_mini_batch_size=100000", f"{a}.ppo_epochs=1",
         f"{a}.ppo_max_token_len_per_gpu={args.micro_tokens}", f"{a}.optim.lr=1e-6", f"{a}.use_kl_loss=false",
-        f"{a}.entropy_coeff=0.0", f"{a}.fsdp_config.offload_policy={args.offload}",
-        *args.set,
+        f"{a}.entropy_coeff=0.0",
     ]
+    if strategy == "megatron":
+        name = "fully_async_ppo_megatron_trainer"
+        overrides += [f"{a}.megatron.tensor_model_parallel_size={args.megatron_tp}",
+                      *[f"{a}.megatron.{k}_offload={args.offload}" for k in ("param", "grad", "optimizer")]]
+    else:
+        name = "fully_async_ppo_trainer"
+        overrides.append(f"{a}.fsdp_config.offload_policy={args.offload}")
+    overrides += args.set
     with initialize_config_dir(config_dir=os.path.join(root, "config"), version_base=None):
-        return hydra_compose("fully_async_ppo_trainer", overrides=overrides)
+        return hydra_compose(name, overrides=overrides)
 
 
 def layout_options(layout: str, batch, micro_tokens: int) -> dict:
@@ -150,27 +190,50 @@ def layout_options(layout: str, batch, micro_tokens: int) -> dict:
                 log_prob_use_dynamic_bsz=False, log_prob_micro_batch_size_per_gpu=rows)
 
 
-def bench_group(world: int, attn: str, model_dir: str, args, peak_flops: float) -> list[dict]:
+MEGATRON_ATTN = "mcore-local"  # megatron-core's local layer spec: unfused DotProductAttention
+MEGATRON_LAYOUT = "right-padded"
+
+
+def make_group(strategy: str, world: int, attn: str, model_dir: str, args):
+    # model.attn_implementation is an HF/FSDP key (Megatron ignores it): its default for Megatron
+    cfg = compose(model_dir, world, "auto" if strategy == "megatron" else attn, args, strategy)
+    if strategy == "megatron":
+        from verl_async.trainer.megatron import MegatronWorkerGroup
+
+        return MegatronWorkerGroup(cfg, name=f"bench_megatron_{world}")
     from verl_async.trainer import FSDPWorkerGroup
 
-    group = FSDPWorkerGroup(compose(model_dir, world, attn, args), name=f"bench_{world}_{attn}")
+    return FSDPWorkerGroup(cfg, name=f"bench_{world}_{attn}")
+
+
+def bench_group(world: int, attn: str, model_dir: str, args, peak_flops: float, strategy: str = "fsdp2"
+                ) -> list[dict]:
+    megatron = strategy == "megatron"
+    if megatron:
+        attn = MEGATRON_ATTN
     rows: list[dict] = []
+    group = None
     try:
+        group = make_group(strategy, world, attn, model_dir, args)
         t = time.perf_counter()
         info = group.init()
         init_s = time.perf_counter() - t
-        params = info[0]["params"]
+        params = hf_param_count(model_dir) if megatron else info[0]["params"]
         vocab = min(args.vocab_sample, 151936)
         batches = [make_batch(args.tokens_per_gpu * world, args.n, tuple(args.prompt_len), tuple(args.response_len),
                               vocab, seed=s) for s in range(args.steps + args.warmup)]
-        small = make_batch(args.micro_tokens, args.n, tuple(args.prompt_len), tuple(args.response_len), vocab, 99)
-        group.set_options(**layout_options("packed", small, args.micro_tokens))
-        packed_lp = group.compute_log_prob(small)
-        group.set_options(**layout_options("padded", small, args.micro_tokens))
-        padded_lp = group.compute_log_prob(small)
-        check = float((packed_lp - padded_lp).abs().max())
-        for layout in args.layouts:
-            group.set_options(**layout_options(layout, batches[0], args.micro_tokens))
+        check = None
+        if not megatron:  # Megatron has one (right-padded) layout: nothing to compare
+            small = make_batch(args.micro_tokens, args.n, tuple(args.prompt_len), tuple(args.response_len), vocab,
+                               99)
+            group.set_options(**layout_options("packed", small, args.micro_tokens))
+            packed_lp = group.compute_log_prob(small)
+            group.set_options(**layout_options("padded", small, args.micro_tokens))
+            padded_lp = group.compute_log_prob(small)
+            check = float((packed_lp - padded_lp).abs().max())
+        for layout in [MEGATRON_LAYOUT] if megatron else args.layouts:
+            # Megatron: fixed rows per micro-batch, sized like FSDP's padded layout (<= micro_tokens padded tokens)
+            group.set_options(**layout_options("padded" if megatron else layout, batches[0], args.micro_tokens))
             lp_time, lp_tokens, step_time, tokens, mem = 0.0, 0, 0.0, 0, 0.0
             for i, batch in enumerate(batches):
                 t = time.perf_counter()
@@ -185,43 +248,59 @@ def bench_group(world: int, attn: str, model_dir: str, args, peak_flops: float) 
                     step_time, tokens = step_time + t_up, tokens + real
                     mem = max(mem, m["perf/max_memory_allocated_gb"])
             profile = None
-            if args.profile:
+            if args.profile and megatron:
+                print("--profile: not for Megatron rows (its ranks have no profiler hook): skipped", flush=True)
+            elif args.profile:
                 tag = f"w{world}_{attn}_{layout}"
                 profile = group.update(batches[-1], profile={"dir": os.path.abspath(args.profile), "tag": tag})[
                     "perf/profile"]
             tps = tokens / step_time
             rows.append({
-                "world": world, "attn": info[0]["attn_implementation"], "layout": layout, "params": params,
+                "strategy": strategy, "world": world, "attn": attn if megatron else info[0]["attn_implementation"],
+                "layout": layout, "params": params,
                 "micro_tokens": args.micro_tokens, "tokens_per_step": tokens / args.steps,
                 "train_tokens_per_s": tps, "train_tokens_per_s_per_gpu": tps / world,
                 "logprob_tokens_per_s_per_gpu": lp_tokens / lp_time / world,
                 "mfu": 6 * params * tps / world / peak_flops, "peak_mem_gb": mem,
                 "step_s": step_time / args.steps, "init_s": init_s, "packed_vs_padded_max_abs_diff": check,
             })
+            if megatron:
+                rows[-1].update(megatron_tp=args.megatron_tp, notes=[
+                    "no packing: rows right-padded, fixed rows per micro-batch (FSDP padded sizing)",
+                    "--attn does not apply: megatron-core local spec (unfused DotProductAttention)",
+                    *group.notes])
             print(json.dumps(rows[-1]), flush=True)
             if profile is not None:
                 rows[-1]["profile"] = profile
     except Exception as exc:  # noqa: BLE001 - one broken configuration must not hide the others
         traceback.print_exc()
-        rows.append({"world": world, "attn": attn, "error": f"{type(exc).__name__}: {exc}"})
+        rows.append({"strategy": strategy, "world": world, "attn": attn, "error": f"{type(exc).__name__}: {exc}"})
     finally:
-        group.shutdown()
+        if group is not None:
+            group.shutdown()
     return rows
 
 
 def print_table(rows: list[dict], peak_flops: float) -> None:
     print(f"\nmeasured dense matmul rate: {peak_flops / 1e12:.3f} TFLOP/s per device")
-    head = (f"{'gpus':>4} {'attn':>18} {'layout':>7} {'tok/s':>10} {'tok/s/gpu':>10} {'MFU':>6} {'peak GB':>8} "
-            f"{'lp tok/s/gpu':>12} {'|packed-padded|':>15}")
+    head = (f"{'strategy':>8} {'gpus':>4} {'attn':>18} {'layout':>12} {'tok/s':>10} {'tok/s/gpu':>10} {'MFU':>6} "
+            f"{'peak GB':>8} {'step s':>8} {'lp tok/s/gpu':>12} {'|packed-padded|':>15}")
     print(head)
     print("-" * len(head))
     for r in rows:
+        strategy = r.get("strategy", "fsdp2")
         if "error" in r:
-            print(f"{r['world']:>4} {r['attn']:>18}  ERROR {r['error'][:90]}")
+            print(f"{strategy:>8} {r['world']:>4} {r['attn']:>18}  ERROR {r['error'][:90]}")
             continue
-        print(f"{r['world']:>4} {r['attn']:>18} {r['layout']:>7} {r['train_tokens_per_s']:>10.0f} "
+        diff = r["packed_vs_padded_max_abs_diff"]
+        print(f"{strategy:>8} {r['world']:>4} {r['attn']:>18} {r['layout']:>12} {r['train_tokens_per_s']:>10.0f} "
               f"{r['train_tokens_per_s_per_gpu']:>10.0f} {100 * r['mfu']:>5.1f}% {r['peak_mem_gb']:>8.2f} "
-              f"{r['logprob_tokens_per_s_per_gpu']:>12.0f} {r['packed_vs_padded_max_abs_diff']:>15.2e}")
+              f"{r['step_s']:>8.3f} {r['logprob_tokens_per_s_per_gpu']:>12.0f} "
+              f"{'n/a' if diff is None else f'{diff:.2e}':>15}")
+    if any(r.get("strategy") == "megatron" for r in rows):
+        print(f"megatron rows: no packing (rows right-padded, fixed rows per micro-batch sized like the FSDP padded "
+              f"layout, whatever --layouts says); --attn does not apply ({MEGATRON_ATTN}: megatron-core's unfused "
+              f"DotProductAttention); params for MFU = the HF checkpoint's count")
     print_profiles(rows)
 
 
@@ -240,6 +319,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "npu", "cpu"])
     p.add_argument("--tiny", action="store_true", help="tiny model and batches (CPU smoke check)")
     p.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="world sizes to run")
+    p.add_argument("--strategy", nargs="+", default=["fsdp2"], choices=["fsdp2", "megatron"],
+                   help="trainers to run (megatron: right-padded micro-batches; --attn/--layouts are FSDP-only)")
+    p.add_argument("--megatron-tp", type=int, default=1, help="Megatron tensor-parallel size (PP = 1)")
     p.add_argument("--attn", nargs="+", default=["sdpa", "varlen"], help="attention implementations")
     p.add_argument("--layouts", nargs="+", default=["packed", "padded"], choices=["packed", "padded"])
     p.add_argument("--micro-tokens", type=int, default=8192, help="ppo_max_token_len_per_gpu")
@@ -286,9 +368,17 @@ def main(argv=None) -> int:
         ray.init(include_dashboard=False, log_to_driver=True,
                  num_cpus=max(4, os.cpu_count() or 4) if args.device != "cpu" else 4)
     rows: list[dict] = []
-    for world in args.gpus:
-        for attn in args.attn:
-            rows.extend(bench_group(world, attn, model_dir, args, peak))
+    for strategy in args.strategy:
+        for world in args.gpus:
+            if strategy == "megatron":
+                if world % args.megatron_tp:
+                    rows.append({"strategy": strategy, "world": world, "attn": MEGATRON_ATTN,
+                                 "error": f"world {world} is not a multiple of --megatron-tp {args.megatron_tp}"})
+                    continue
+                rows.extend(bench_group(world, MEGATRON_ATTN, model_dir, args, peak, strategy))
+                continue
+            for attn in args.attn:
+                rows.extend(bench_group(world, attn, model_dir, args, peak, strategy))
     print_table(rows, peak)
     result = {"device": args.device, "tiny": args.tiny, "matmul_flops_per_device": peak, "args": vars(args),
               "torch": torch.__version__, "rows": rows}

@@ -10,7 +10,8 @@
 #                    engine (bf16, CUDA graphs) vs HF generate, and vLLM when unpacked ($STORE/engine_WHAT.json, .log)
 #   ipctest          tests/test_sync_ipc_gpu.py ($STORE/ipc_test.log); train:ipc-MODE-SEED trains with sync_transport=cuda_ipc
 #   engineprof       scripts/profile_engine_host.py on the GPU (--kernels) and bench_engine --compile ($STORE/engine_prof.log)
-#   trainbench       scripts/bench_train.py --gpus 1 with --profile ($STORE/trainbench.tar.gz); TRAINBENCH_ARGS
+#   trainbench       scripts/bench_train.py --gpus 1 with --profile ($STORE/trainbench.tar.gz); TRAINBENCH_ARGS;
+#                    then --strategy megatron (TP=1) when megatron-core imports (after the megatron phase)
 #   train:NAME       one run of recipe.fully_async_main; NAME = MODE-SEED with MODE
 #                      sync   staleness 0, sync every step, no partial rollout       (arithmetic task)
 #                      async  staleness 0.5, partial rollout, sync every step        (arithmetic task)
@@ -182,6 +183,19 @@ PY
           || status=1
         tail -n 30 "$STORE/trainbench/train_bench_nosync_$acc.log"
       done
+      # third: the Megatron trainer (TP=1) on the same model and batches (rows right-padded: --attn/--layouts are
+      # FSDP-only); megatron-core is in /tmp/site once the megatron phase has run (.carry/mc stashed)
+      if python3 -c "import megatron.core" 2>/dev/null; then
+        # shellcheck disable=SC2086
+        timeout "${TRAINBENCH_LIMIT:-300}" python3 scripts/bench_train.py --device cuda --gpus 1 --strategy megatron \
+          --megatron-tp 1 ${TRAINBENCH_ARGS:---attn varlen --layouts packed} --model-dir /tmp/bench_train_model \
+          --out "$STORE/trainbench/train_bench_megatron.json" > "$STORE/trainbench/train_bench_megatron.log" 2>&1 \
+          || status=1
+        tail -n 30 "$STORE/trainbench/train_bench_megatron.log"
+      else
+        echo "trainbench: megatron-core not importable (run the megatron phase first, .carry/mc stashed): Megatron run skipped" \
+          | tee "$STORE/trainbench/train_bench_megatron.log"
+      fi
       tar czf "$STORE/trainbench.tar.gz" -C "$STORE" trainbench ;;
     train:*)
       spec=${phase#train:}; train "${spec%-*}" "${spec##*-}" ;;
