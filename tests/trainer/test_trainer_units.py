@@ -271,3 +271,78 @@ def test_torch_varlen_kernel_plumbing_across_signatures(monkeypatch, signature):
     assert got.shape == want.shape == (1, 11, 4, 8)
     assert torch.allclose(got, want, atol=1e-6)
     assert calls and (calls[0]["enable_gqa"] is True) == (signature == "window_gqa")
+
+
+def test_use_torch_compile_is_read_for_actor_and_ref(config_factory):
+    from omegaconf import OmegaConf
+
+    def settings(*overrides):
+        return TrainerSettings.from_config(OmegaConf.to_container(config_factory(*overrides), resolve=True))
+
+    s = settings()
+    assert (s.use_torch_compile, s.ref_use_torch_compile) == (False, False)
+    s = settings("actor_rollout_ref.actor.use_torch_compile=true")  # ref inherits the actor's (YAML interpolation)
+    assert (s.use_torch_compile, s.ref_use_torch_compile) == (True, True)
+    s = settings("actor_rollout_ref.actor.use_torch_compile=true", "actor_rollout_ref.ref.use_torch_compile=false")
+    assert (s.use_torch_compile, s.ref_use_torch_compile) == (True, False)
+    s = settings("actor_rollout_ref.ref.use_torch_compile=true")
+    assert (s.use_torch_compile, s.ref_use_torch_compile) == (False, True)
+
+
+@pytest.mark.parametrize("actor_flag, ref_flag", [(True, False), (False, True)])
+def test_fsdp_and_megatron_log_probs_pass_the_compile_flag(monkeypatch, actor_flag, ref_flag):
+    """The actor's forward (training and old log-probs) follows actor.use_torch_compile, the
+    reference model's follows ref.use_torch_compile, in both workers."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from verl_async.trainer import fsdp_worker
+    from verl_async.trainer.megatron import worker as megatron_worker
+
+    seen = []
+
+    def fake(name):
+        def f(logits, labels, temperature, *, use_torch_compile):
+            seen.append((name, use_torch_compile))
+            z = torch.zeros(labels.shape)
+            return (z, z) if name == "both" else z
+        return f
+
+    settings = SimpleNamespace(temperature=1.0, use_torch_compile=actor_flag, ref_use_torch_compile=ref_flag)
+    for module in (fsdp_worker, megatron_worker):
+        monkeypatch.setattr(module, "logprobs_and_entropy", fake("both"))
+        monkeypatch.setattr(module, "logprobs_from_logits", fake("logp"))
+    inp = SimpleNamespace(labels=torch.zeros(1, 3, dtype=torch.long), logits_index=torch.arange(3),
+                          model_kwargs=dict, scatter=lambda t: t)
+    inp.to = lambda device: inp
+    model = lambda **kw: SimpleNamespace(logits=torch.zeros(1, 3, 5))  # noqa: E731
+    fsdp_self = SimpleNamespace(settings=settings, device=SimpleNamespace(torch_device="cpu"),
+                                _range=lambda phase: contextlib.nullcontext())
+    meg_self = SimpleNamespace(settings=settings, spec=SimpleNamespace(vocab_size=5))
+    for use_ref in (False, True):
+        for with_entropy in (True, False):
+            fsdp_worker.FSDPWorker._forward(fsdp_self, model, inp, with_entropy=with_entropy, use_ref=use_ref)
+            megatron_worker.MegatronWorker._log_probs(meg_self, torch.zeros(1, 3, 5), inp, with_entropy=with_entropy,
+                                                      use_ref=use_ref)
+    want = lambda use_ref: ref_flag if use_ref else actor_flag  # noqa: E731
+    assert seen == [(name, want(r)) for r in (False, True) for name in ("both", "both", "logp", "logp")]
+
+
+def test_fsdp_compute_log_prob_marks_the_reference_forward():
+    from types import SimpleNamespace
+
+    from verl_async.trainer.fsdp_worker import FSDPWorker
+
+    calls = []
+    model, ref = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+
+    def forward(m, inp, *, with_entropy, use_ref=False):
+        calls.append((m is ref, use_ref))
+        return torch.zeros(1, 2), None, None
+
+    fake = SimpleNamespace(model=model, ref_model=ref, _load_if_offloaded=lambda: None,
+                           _offload_if_asked=lambda: None, _inputs=lambda b, rows: None, _forward=forward)
+    batch = {"responses": torch.zeros(1, 2)}
+    for use_ref in (False, True):
+        FSDPWorker.compute_log_prob(fake, batch, [[0]], use_ref=use_ref)
+    assert calls == [(False, False), (True, True)]

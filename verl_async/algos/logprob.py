@@ -16,9 +16,23 @@ is two float32 chunk buffers in forward (three in backward), allocated once and
 reused; backward writes the logits' gradient (same dtype as the
 logits, unavoidable) chunk by chunk. Inputs with a non-contiguous layout are copied
 once (in their own dtype) by the flattening reshape.
+
+`use_torch_compile=True` (the trainer's `actor_rollout_ref.{actor,ref}.use_torch_compile`)
+keeps the chunk loop and the custom autograd function but runs the per-chunk math (the
+pure functions `_fwd_*` / `_bwd_*` below) through `torch.compile` (fullgraph, the chunk's
+row dimension dynamic, compiled lazily once per process), so inductor fuses cast, max,
+exp, sum and gather into a few kernels; the compiled forward returns only per-row
+vectors and the backward writes the logits' gradient chunk in place (what inductor
+keeps in between is its choice: at most the eager path's float32 chunk). Same
+fp32 math, not bit-identical to the eager path (reduction order differs). With False
+(the default) the eager code below runs unchanged.
 """
 
 from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -80,13 +94,188 @@ class _Buffers:
         return x.div_(temperature) if temperature != 1.0 else x
 
 
+# ---------------------------------------------------------------- compiled path (use_torch_compile=True)
+# Pure per-chunk functions: `chunk` is [rows, V] logits in their own dtype, `labels` /
+# `lse` / `mean_x` / `g_*` are [rows]; math in promote(dtype, float32) as in the eager path.
+
+
+def _scaled_x(chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+    return chunk.to(torch.promote_types(chunk.dtype, torch.float32)) / temperature
+
+
+def _exp_sum_lse(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m = x.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # all -inf rows stay -inf, not NaN
+    e = torch.exp(x - m)
+    z = e.sum(-1)
+    return e, z, m.squeeze(-1) + z.log()
+
+
+def _fwd_logp(chunk, labels, temperature):
+    x = _scaled_x(chunk, temperature)
+    _, _, lse = _exp_sum_lse(x)
+    return lse, x.gather(1, labels[:, None]).squeeze(1) - lse
+
+
+def _fwd_ent(chunk, temperature):
+    x = _scaled_x(chunk, temperature)
+    e, z, lse = _exp_sum_lse(x)
+    return lse, lse - (e * x).nan_to_num(nan=0.0).sum(-1) / z
+
+
+def _fwd_both(chunk, labels, temperature):
+    x = _scaled_x(chunk, temperature)
+    e, z, lse = _exp_sum_lse(x)
+    return lse, x.gather(1, labels[:, None]).squeeze(1) - lse, lse - (e * x).nan_to_num(nan=0.0).sum(-1) / z
+
+
+def _onehot_add(gx, labels, g_logp):
+    """gx + g_logp at each row's label (the eager path's scatter_add_, as one pointwise op)."""
+    hit = torch.arange(gx.shape[1], device=gx.device)[None, :] == labels[:, None]
+    return gx + torch.where(hit, g_logp[:, None].to(gx.dtype), torch.zeros_like(gx))
+
+
+def _bwd_logp(out, chunk, labels, lse, g_logp, temperature):
+    x = _scaled_x(chunk, temperature)
+    p = torch.exp(x - lse[:, None])
+    gx = _onehot_add(p * -g_logp[:, None], labels, g_logp)
+    out.copy_(gx / temperature)
+
+
+def _bwd_ent(out, chunk, lse, mean_x, g_ent, temperature):
+    x = _scaled_x(chunk, temperature)
+    p = torch.exp(x - lse[:, None])
+    gx = ((mean_x[:, None] - x) * p).nan_to_num(nan=0.0) * g_ent[:, None]
+    out.copy_(gx / temperature)
+
+
+def _bwd_both(out, chunk, labels, lse, mean_x, g_logp, g_ent, temperature):
+    x = _scaled_x(chunk, temperature)
+    p = torch.exp(x - lse[:, None])
+    gx = ((mean_x[:, None] - x) * p).nan_to_num(nan=0.0) * g_ent[:, None] - p * g_logp[:, None]
+    out.copy_(_onehot_add(gx, labels, g_logp) / temperature)
+
+
+class _ChunkFns(NamedTuple):
+    fwd_logp: Callable
+    fwd_ent: Callable
+    fwd_both: Callable
+    bwd_logp: Callable
+    bwd_ent: Callable
+    bwd_both: Callable
+
+
+_EAGER_FNS = _ChunkFns(_fwd_logp, _fwd_ent, _fwd_both, _bwd_logp, _bwd_ent, _bwd_both)
+
+
+_log = logging.getLogger(__name__)
+
+
+def _with_eager_fallback(compiled: Callable, eager: Callable) -> Callable:
+    """`compiled`, or `eager` (same math, same results up to summation order) for calls that would
+    need one compile more than dynamo's `recompile_limit` allows (with fullgraph=True that is a hard
+    error, which must not end a training run); warned once per function."""
+    limit_hit = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None) or getattr(
+        torch._dynamo.exc, "RecompileLimitExceeded", RuntimeError)
+
+    def call(*args):
+        try:
+            return compiled(*args)
+        except limit_hit as e:
+            if eager.__name__ not in _FALLBACK_WARNED:
+                _FALLBACK_WARNED.add(eager.__name__)
+                _log.warning("use_torch_compile: %s hit torch._dynamo's recompile_limit (%s); calls that would "
+                             "need another compile run eagerly", eager.__name__, e)
+            return eager(*args)
+
+    call.__name__ = call.__qualname__ = f"compiled{eager.__name__}"
+    call.compiled = compiled  # type: ignore[attr-defined]
+    return call
+
+
+_FALLBACK_WARNED: set[str] = set()
+
+
+@functools.cache
+def compiled_chunk_fns() -> _ChunkFns:
+    """The per-chunk functions wrapped in `torch.compile(fullgraph=True)`, built once per process
+    (each compiles at its first call). Separate functions per output set keep each one's graphs
+    few: one per logits dtype, plus one when the temperature first changes (dynamo then makes it
+    symbolic); the row dimension is marked dynamic at every call (`_rows_dynamic`) and 1-row
+    chunks are avoided (`_chunk_bounds`), the vocab stays static."""
+    return _ChunkFns(*(_with_eager_fallback(torch.compile(f, fullgraph=True), f) for f in _EAGER_FNS))
+
+
+def _rows_dynamic(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+
+
+def _chunk_bounds(n: int, chunk: int) -> list[slice]:
+    """Slices of at most `chunk` rows covering [0, n), without a 1-row last chunk where that can be
+    avoided (dynamo specialises size 1: a separate compile): ..., chunk, 1 becomes ..., chunk - 1, 2."""
+    bounds = [*range(0, n, chunk), n]
+    if chunk > 2 and len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        bounds[-2] -= 1
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _compiled_forward(fns, logits, labels, temperature, chunk, with_logp, with_entropy):
+    n = logits.shape[0]
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    lse = torch.empty(n, dtype=dtype, device=logits.device)
+    logp = torch.empty(n, dtype=dtype, device=logits.device) if with_logp else None
+    ent = torch.empty(n, dtype=dtype, device=logits.device) if with_entropy else None
+    logits = logits.detach()  # requires_grad is a guard: one graph for training and no-grad calls
+    for sl in _chunk_bounds(n, chunk):
+        x, lab = logits[sl], labels[sl]
+        _rows_dynamic(x, lab)
+        if with_logp and with_entropy:
+            lse[sl], logp[sl], ent[sl] = fns.fwd_both(x, lab, temperature)
+        elif with_logp:
+            lse[sl], logp[sl] = fns.fwd_logp(x, lab, temperature)
+        else:
+            lse[sl], ent[sl] = fns.fwd_ent(x, temperature)
+    return lse, logp, ent
+
+
+def _compiled_backward(fns, logits, labels, lse, ent, g_logp, g_ent, temperature, chunk):
+    n = logits.shape[0]
+    grad = torch.empty_like(logits)
+    mean_x = (lse - ent) if g_ent is not None else None  # E_p[x] = lse - H
+    logits = logits.detach()
+    g_logp = g_logp.detach() if g_logp is not None else None
+    g_ent = g_ent.detach() if g_ent is not None else None
+    for sl in _chunk_bounds(n, chunk):
+        out, x = grad[sl], logits[sl]
+        if g_ent is not None and g_logp is not None:
+            args = (out, x, labels[sl], lse[sl], mean_x[sl], g_logp[sl], g_ent[sl])
+            _rows_dynamic(*args)
+            fns.bwd_both(*args, temperature)
+        elif g_ent is not None:
+            args = (out, x, lse[sl], mean_x[sl], g_ent[sl])
+            _rows_dynamic(*args)
+            fns.bwd_ent(*args, temperature)
+        else:
+            args = (out, x, labels[sl], lse[sl], g_logp[sl])
+            _rows_dynamic(*args)
+            fns.bwd_logp(*args, temperature)
+    return grad
+
+
 class _ChunkedLogProbEntropy(torch.autograd.Function):
     """Forward: per chunk, log-sum-exp, chosen-token log-prob and/or entropy.
     Backward: recompute p = exp(x - lse) per chunk;
     d logp/dx = onehot(label) - p,  dH/dx = p * (E_p[x] - x),  then / temperature."""
 
     @staticmethod
-    def forward(ctx, logits, labels, temperature, chunk, with_logp, with_entropy):  # type: ignore[override]
+    def forward(ctx, logits, labels, temperature, chunk, with_logp, with_entropy, fns=None):  # type: ignore[override]
+        ctx.temperature, ctx.chunk, ctx.fns = temperature, chunk, fns
+        ctx.set_materialize_grads(False)
+        if fns is not None:  # use_torch_compile
+            lse, logp, ent = _compiled_forward(fns, logits, labels, temperature, chunk, with_logp, with_entropy)
+            ctx.save_for_backward(logits, labels, lse, ent)
+            return logp, ent
         n, vocab = logits.shape
         dtype = torch.promote_types(logits.dtype, torch.float32)
         bufs = _Buffers(min(chunk, n), vocab, dtype, logits.device)
@@ -106,8 +295,6 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
             if with_entropy:
                 # E_p[x] = sum(e * x) / z; 0 * (-inf) for masked vocab entries counts as 0.
                 ent[s : s + chunk] = lse_c - e.mul_(x).nan_to_num_(nan=0.0).sum(-1) / z
-        ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.set_materialize_grads(False)
         ctx.save_for_backward(logits, labels, lse, ent)
         return logp, ent
 
@@ -115,8 +302,11 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
     def backward(ctx, g_logp, g_ent):  # type: ignore[override]
         logits, labels, lse, ent = ctx.saved_tensors
         if g_logp is None and g_ent is None:
-            return (None,) * 6
+            return (None,) * 7
         temperature, chunk = ctx.temperature, ctx.chunk
+        if ctx.fns is not None:  # use_torch_compile
+            grad = _compiled_backward(ctx.fns, logits, labels, lse, ent, g_logp, g_ent, temperature, chunk)
+            return grad, None, None, None, None, None, None
         n, vocab = logits.shape
         bufs = _Buffers(min(chunk, n), vocab, lse.dtype, logits.device)
         grad = torch.empty_like(logits)
@@ -137,10 +327,10 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
             if temperature != 1.0:
                 gx.div_(temperature)
             grad[s : s + chunk].copy_(gx)
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
-def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy):
+def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy, use_torch_compile=False):
     check_tensor("logits", logits)
     if logits.dim() < 1 or not logits.is_floating_point():
         raise ValueError(f"logits must be a floating tensor [..., V], got {logits.dtype} {tuple(logits.shape)}")
@@ -163,32 +353,37 @@ def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy):
             )
     else:
         flat_labels = torch.zeros(0, dtype=torch.long, device=logits.device)
-    logp, ent = _ChunkedLogProbEntropy.apply(flat, flat_labels, t, chunk, with_logp, with_entropy)
+    fns = compiled_chunk_fns() if use_torch_compile else None
+    logp, ent = _ChunkedLogProbEntropy.apply(flat, flat_labels, t, chunk, with_logp, with_entropy, fns)
     return (logp.reshape(lead) if logp is not None else None, ent.reshape(lead) if ent is not None else None)
 
 
 def logprobs_from_logits(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0, chunk_size: int | None = None
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0, chunk_size: int | None = None,
+    *, use_torch_compile: bool = False,
 ) -> torch.Tensor:
     """`log_softmax(logits.float() / temperature)[labels]`, shape `logits.shape[:-1]`,
     memory-bounded and differentiable (see module docstring). `chunk_size` is in
-    tokens (rows); None picks ~256 MiB of float32 per chunk."""
-    return _run(logits, labels, temperature, chunk_size, True, False)[0]
+    tokens (rows); None picks ~256 MiB of float32 per chunk. `use_torch_compile` runs
+    the per-chunk math through `torch.compile` (module docstring)."""
+    return _run(logits, labels, temperature, chunk_size, True, False, use_torch_compile)[0]
 
 
 def entropy_from_logits(
-    logits: torch.Tensor, chunk_size: int | None = None, temperature: float | None = 1.0
+    logits: torch.Tensor, chunk_size: int | None = None, temperature: float | None = 1.0,
+    *, use_torch_compile: bool = False,
 ) -> torch.Tensor:
     """Entropy of `softmax(logits.float() / temperature)` per token, chunked and
     differentiable."""
-    return _run(logits, None, temperature, chunk_size, False, True)[1]
+    return _run(logits, None, temperature, chunk_size, False, True, use_torch_compile)[1]
 
 
 def logprobs_and_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0, chunk_size: int | None = None
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0, chunk_size: int | None = None,
+    *, use_torch_compile: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both in one pass over the logits (the trainer's usual call)."""
-    logp, ent = _run(logits, labels, temperature, chunk_size, True, True)
+    logp, ent = _run(logits, labels, temperature, chunk_size, True, True, use_torch_compile)
     return logp, ent
 
 

@@ -160,8 +160,11 @@ class FSDPWorker(RankBase):
         """`record_function('verl::<phase>')` while profiling (verl_async.utils.profile_summary), else nothing."""
         return torch.profiler.record_function(f"verl::{phase}") if self._profiling else contextlib.nullcontext()
 
-    def _forward(self, model, inp: ModelInputs, *, with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-        """(logp [b,T], entropy [b,T] or None, anchor): anchor is a zero that touches the whole graph."""
+    def _forward(self, model, inp: ModelInputs, *, with_entropy: bool, use_ref: bool = False
+                 ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+        """(logp [b,T], entropy [b,T] or None, anchor): anchor is a zero that touches the whole graph.
+
+        `use_ref`: the reference model's forward (its log-probs follow `ref.use_torch_compile`)."""
         with self._range("inputs"):
             inp = inp.to(self.device.torch_device)
         with self._range("forward"):
@@ -169,11 +172,12 @@ class FSDPWorker(RankBase):
         logits = out.logits
         labels = inp.labels.to(logits.device)
         temperature = self.settings.temperature
+        compiled = self.settings.ref_use_torch_compile if use_ref else self.settings.use_torch_compile
         with self._range("logprob"):
             if with_entropy:
-                raw_logp, raw_ent = logprobs_and_entropy(logits, labels, temperature)
+                raw_logp, raw_ent = logprobs_and_entropy(logits, labels, temperature, use_torch_compile=compiled)
             else:
-                raw_logp, raw_ent = logprobs_from_logits(logits, labels, temperature), None
+                raw_logp, raw_ent = logprobs_from_logits(logits, labels, temperature, use_torch_compile=compiled), None
         anchor = torch.where(torch.isfinite(raw_logp), raw_logp, torch.zeros_like(raw_logp)).sum() * 0.0
         logp = inp.scatter(raw_logp)
         ent = inp.scatter(raw_ent) if raw_ent is not None else None
@@ -199,7 +203,8 @@ class FSDPWorker(RankBase):
         out = LogProbRows()
         try:
             for rows in micro_batches:
-                logp, ent, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy)
+                logp, ent, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy,
+                                             use_ref=use_ref)
                 out.add(rows, logp, ent)
         finally:
             model.train(was_training)

@@ -48,6 +48,12 @@ def _positive(path: str, value: Any, *, allow_zero: bool = False) -> int:
     return int(value)
 
 
+def _bool(path: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{path} must be true or false, got {value!r}")
+    return value
+
+
 def _choice(path: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{path} must be one of {choices}, got {value!r}")
@@ -152,6 +158,11 @@ class TrainerSettings:
     # Ray
     worker_timeout_s: float
     max_ckpt_to_keep: Optional[int]
+    # torch.compile the per-chunk log-prob/entropy math (verl_async.algos.logprob): actor.use_torch_compile
+    # for the actor's forward (training and old log-probs), ref.use_torch_compile (default: the actor's) for the
+    # reference model's log-probs. Not the rollout engine's (it has its own log-prob code)
+    use_torch_compile: bool = False
+    ref_use_torch_compile: bool = False
     extra: dict = field(default_factory=dict)
 
     # knobs that may change after init (by their actor key name)
@@ -207,6 +218,8 @@ class TrainerSettings:
         grad_clip = g(f"{a}.grad_clip", 1.0)
         mp = g(f"{a}.fsdp_config.mixed_precision", {}) or {}
         use_kl_loss = bool(g(f"{a}.use_kl_loss", False))
+        use_torch_compile = _bool(f"{a}.use_torch_compile", g(f"{a}.use_torch_compile", False))
+        ref_compile = g(f"{ref}.use_torch_compile", None)
         settings = cls(
             device=device,
             nnodes=_positive("trainer.nnodes", g("trainer.nnodes", 1)),
@@ -264,6 +277,9 @@ class TrainerSettings:
                 f"{ref}.log_prob_max_token_len_per_gpu", g(f"{ref}.log_prob_max_token_len_per_gpu", 16384)),
             worker_timeout_s=float(g("trainer.worker_timeout_s", 1800)),
             max_ckpt_to_keep=g("trainer.max_actor_ckpt_to_keep", None),
+            use_torch_compile=use_torch_compile,
+            ref_use_torch_compile=(use_torch_compile if ref_compile is None
+                                   else _bool(f"{ref}.use_torch_compile", ref_compile)),
         )
         settings.check()
         return settings

@@ -257,16 +257,19 @@ class MegatronWorker(RankBase):
         multiple = self.ms.tp if self.sequence_parallel else 1
         return build_right_padded_inputs(batch, rows, pad_token_id=self.pad_token_id, multiple_of=multiple)
 
-    def _log_probs(self, output: torch.Tensor, inp: ModelInputs, *, with_entropy: bool
+    def _log_probs(self, output: torch.Tensor, inp: ModelInputs, *, with_entropy: bool, use_ref: bool = False
                    ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-        """(logp [b,T], entropy [b,T] or None, anchor) from the last stage's logits [b, L, V_padded]."""
+        """(logp [b,T], entropy [b,T] or None, anchor) from the last stage's logits [b, L, V_padded].
+
+        `use_ref`: the reference model's output (its log-probs follow `ref.use_torch_compile`)."""
         logits = output[:, inp.logits_index.to(output.device), : self.spec.vocab_size]
         labels = inp.labels.to(output.device)
         t = self.settings.temperature
+        compiled = self.settings.ref_use_torch_compile if use_ref else self.settings.use_torch_compile
         if with_entropy:
-            raw_logp, raw_ent = logprobs_and_entropy(logits, labels, t)
+            raw_logp, raw_ent = logprobs_and_entropy(logits, labels, t, use_torch_compile=compiled)
         else:
-            raw_logp, raw_ent = logprobs_from_logits(logits, labels, t), None
+            raw_logp, raw_ent = logprobs_from_logits(logits, labels, t, use_torch_compile=compiled), None
         anchor = torch.where(torch.isfinite(raw_logp), raw_logp, torch.zeros_like(raw_logp)).sum() * 0.0
         inp_dev = inp.to(output.device)
         return inp_dev.scatter(raw_logp), (inp_dev.scatter(raw_ent) if raw_ent is not None else None), anchor
@@ -307,7 +310,7 @@ class MegatronWorker(RankBase):
         out = LogProbRows()
 
         def collect(output, inp, rows):
-            logp, ent, anchor = self._log_probs(output, inp, with_entropy=calculate_entropy)
+            logp, ent, anchor = self._log_probs(output, inp, with_entropy=calculate_entropy, use_ref=use_ref)
             if self.last_stage and self.tp_rank == 0:  # one copy per model replica
                 out.add(rows, logp, ent)
             return anchor
