@@ -10,7 +10,7 @@
 #                    engine (bf16, CUDA graphs) vs HF generate, and vLLM when unpacked ($STORE/engine_WHAT.json, .log)
 #   ipctest          tests/test_sync_ipc_gpu.py ($STORE/ipc_test.log); train:ipc-MODE-SEED trains with sync_transport=cuda_ipc
 #   engineprof       scripts/profile_engine_host.py on the GPU (--kernels) and bench_engine --compile ($STORE/engine_prof.log)
-#   trainbench       scripts/bench_train.py --gpus 1 with --profile ($STORE/trainbench.tar.gz); TRAINBENCH_ARGS;
+#   trainbench       scripts/bench_train.py --gpus 1 with --profile: FSDP2 variants + Megatron ($STORE/trainbench.tar.gz);
 #                    then --strategy megatron (TP=1) when megatron-core imports (after the megatron phase)
 #   train:NAME       one run of recipe.fully_async_main; NAME = MODE-SEED with MODE
 #                      sync   staleness 0, sync every step, no partial rollout       (arithmetic task)
@@ -172,16 +172,22 @@ PY
       } > "$STORE/engine_prof.log" 2>&1 || status=1
       tail -n 30 "$STORE/engine_prof.log" ;;
     trainbench)  # scripts/bench_train.py on this machine's GPU(s): MFU, and a profiled step per configuration
-      # twice: gradients reduced once per optimizer step (the default) and per micro-batch (before 2026-11-25)
-      rm -rf "$STORE/trainbench" && mkdir -p "$STORE/trainbench"
-      for acc in true false; do
+      # FSDP2 variants: gradients reduced per micro-batch (before 2026-11-25), once per optimizer step (the
+      # default), and that with the log-prob math compiled (use_torch_compile). Traces stay on the machine
+      # ($STORE/traces: ~9 MB each), the summaries are in the JSON.
+      rm -rf "$STORE/trainbench" "$STORE/traces" && mkdir -p "$STORE/trainbench" "$STORE/traces"
+      for variant in nosync_false nosync_true compile; do
+        case $variant in
+          nosync_false) set_args="--set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=false" ;;
+          nosync_true)  set_args="--set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=true" ;;
+          compile)      set_args="--set actor_rollout_ref.actor.use_torch_compile=true" ;;
+        esac
         # shellcheck disable=SC2086
         timeout "${TRAINBENCH_LIMIT:-300}" python3 scripts/bench_train.py --device cuda --gpus 1 \
-          ${TRAINBENCH_ARGS:---attn varlen --layouts packed} --model-dir /tmp/bench_train_model \
-          --set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=$acc --profile "$STORE/trainbench/prof_$acc" \
-          --out "$STORE/trainbench/train_bench_nosync_$acc.json" > "$STORE/trainbench/train_bench_nosync_$acc.log" 2>&1 \
-          || status=1
-        tail -n 30 "$STORE/trainbench/train_bench_nosync_$acc.log"
+          ${TRAINBENCH_ARGS:---attn varlen --layouts packed} --model-dir /tmp/bench_train_model $set_args \
+          --profile "$STORE/traces/$variant" --out "$STORE/trainbench/train_bench_$variant.json" \
+          > "$STORE/trainbench/train_bench_$variant.log" 2>&1 || status=1
+        tail -n 30 "$STORE/trainbench/train_bench_$variant.log"
       done
       # third: the Megatron trainer (TP=1) on the same model and batches (rows right-padded: --attn/--layouts are
       # FSDP-only); megatron-core is in /tmp/site once the megatron phase has run (.carry/mc stashed)
