@@ -103,3 +103,36 @@ class FakeEngine(InferenceEngine):
     @property
     def version(self) -> int:
         return self._version
+
+
+def install_fake_vllm(monkeypatch, async_llm_cls: Optional[type], version: str = "0.0-fake") -> dict:
+    """Stand-ins for the vLLM modules `VLLMEngine` imports (vLLM 0.26 paths), AsyncLLM = `async_llm_cls`.
+
+    `async_llm_cls=None` makes `vllm.v1.engine.async_llm` unimportable. Returns the modules.
+    """
+    import enum
+    import sys
+    from types import ModuleType
+
+    class EngineArgs:
+        def __init__(self, **kw):
+            self.kwargs = kw
+
+    class VllmSamplingParams:
+        def __init__(self, output_kind=None, **kw):
+            self.kw, self.output_kind = kw, output_kind
+
+    names = ("vllm", "vllm.inputs", "vllm.sampling_params", "vllm.engine", "vllm.engine.arg_utils", "vllm.v1",
+             "vllm.v1.engine", "vllm.v1.engine.async_llm")
+    mods = {name: ModuleType(name) for name in names}
+    mods["vllm"].__version__ = version
+    mods["vllm"].SamplingParams = VllmSamplingParams
+    mods["vllm.inputs"].TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    mods["vllm.sampling_params"].RequestOutputKind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY")
+    mods["vllm.engine.arg_utils"].AsyncEngineArgs = EngineArgs
+    mods["vllm.v1.engine.async_llm"].AsyncLLM = async_llm_cls
+    if async_llm_cls is None:
+        mods["vllm.v1.engine.async_llm"] = None  # the import fails
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    return mods

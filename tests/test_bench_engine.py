@@ -5,13 +5,13 @@ is timed)."""
 from __future__ import annotations
 
 import asyncio
-import enum
 import importlib.util
 import os
-import sys
 import types
 
 import pytest
+
+from tests.fakes import install_fake_vllm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -153,27 +153,7 @@ def fake_vllm(monkeypatch, short=None, async_llm=True):
     """Just the modules VLLMEngine imports (vLLM 0.26 paths); no `vllm.LLM`: the offline entrypoint is not used."""
     FakeAsyncLLM.instances, FakeAsyncLLM.short = [], short
 
-    class _Args:
-        def __init__(self, **kw):
-            self.kwargs = kw
-
-    class _SP:
-        def __init__(self, output_kind=None, **kw):
-            self.kw, self.output_kind = kw, output_kind
-
-    names = ("vllm", "vllm.inputs", "vllm.sampling_params", "vllm.engine", "vllm.engine.arg_utils", "vllm.v1",
-             "vllm.v1.engine", "vllm.v1.engine.async_llm")
-    mods = {name: types.ModuleType(name) for name in names}
-    mods["vllm"].__version__ = "0.0-fake"
-    mods["vllm"].SamplingParams = _SP
-    mods["vllm.inputs"].TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
-    mods["vllm.sampling_params"].RequestOutputKind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY")
-    mods["vllm.engine.arg_utils"].AsyncEngineArgs = _Args
-    mods["vllm.v1.engine.async_llm"].AsyncLLM = FakeAsyncLLM
-    if not async_llm:
-        mods["vllm.v1.engine.async_llm"] = None  # import fails
-    for name, mod in mods.items():
-        monkeypatch.setitem(sys.modules, name, mod)
+    install_fake_vllm(monkeypatch, FakeAsyncLLM if async_llm else None)
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")})
 
 

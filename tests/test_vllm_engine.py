@@ -186,28 +186,9 @@ class _FakeAsyncLLM:
 @pytest.fixture
 def fake_vllm(monkeypatch):
     """Just enough of vLLM's modules for VLLMEngine (import paths as in vLLM 0.26)."""
-    import enum
-    from types import ModuleType
+    from tests.fakes import install_fake_vllm
 
-    class _Args:
-        def __init__(self, **kw):
-            self.kwargs = kw
-
-    class _SP:
-        def __init__(self, output_kind=None, **kw):
-            self.kw, self.output_kind = kw, output_kind
-
-    mods = {name: ModuleType(name) for name in ("vllm", "vllm.inputs", "vllm.sampling_params", "vllm.engine",
-                                                 "vllm.engine.arg_utils", "vllm.v1", "vllm.v1.engine",
-                                                 "vllm.v1.engine.async_llm")}
-    mods["vllm"].SamplingParams = _SP
-    mods["vllm.inputs"].TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
-    mods["vllm.sampling_params"].RequestOutputKind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY")
-    mods["vllm.engine.arg_utils"].AsyncEngineArgs = _Args
-    mods["vllm.v1.engine.async_llm"].AsyncLLM = _FakeAsyncLLM
-    for name, mod in mods.items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    return mods
+    return install_fake_vllm(monkeypatch, _FakeAsyncLLM)
 
 
 def test_vllm_engine_adapter_logic_with_a_stand_in_async_llm(fake_vllm):
