@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from verl_async.sync import TRANSPORTS, SyncError, build_sync
-from verl_async.sync_ipc import (CudaIpcSync, IpcEndpoint, layout, metas_from_wire, metas_to_wire, pack, unpack,
-                                 view)
+from verl_async.sync_collective import bucket_view, metas_from_wire, metas_to_wire
+from verl_async.sync_ipc import CudaIpcSync, IpcEndpoint, layout, pack, unpack
 
 
 def _pairs():
@@ -61,7 +61,7 @@ def test_pack_unpack_round_trip_is_bit_exact(align):
             assert v.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()  # a view, no copy
     # views write through to the buffer (the engine only reads them, but they are views)
     m = metas[0]
-    view(buffer, m).fill_(0)
+    bucket_view(buffer, m).fill_(0)
     assert int(buffer[m.offset: m.offset + m.nbytes].sum()) == 0
 
 

@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
-from verl_async.sync_collective import tensor_checksum
-from verl_async.sync_ipc import export, load_ipc_bucket, metas_to_wire, pack
+from verl_async.sync_collective import metas_to_wire, tensor_checksum
+from verl_async.sync_ipc import export, load_ipc_bucket, pack
 
 pytestmark = pytest.mark.gpu
 

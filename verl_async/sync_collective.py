@@ -103,19 +103,23 @@ def plan_buckets(params: Iterable[tuple[str, Any, Sequence[int]]], bucket_bytes:
     return buckets
 
 
-def plan_to_wire(plan: Sequence[Bucket]) -> list[list]:
+def metas_to_wire(metas: Sequence[TensorMeta]) -> list[list]:
     """Plain lists (msgpack/pickle friendly: travels through Ray and vLLM's collective_rpc)."""
-    return [[[m.name, m.dtype, list(m.shape), m.offset] for m in b.tensors] + [b.nbytes] for b in plan]
+    return [[m.name, m.dtype, list(m.shape), m.offset] for m in metas]
+
+
+def metas_from_wire(wire: Sequence[Sequence]) -> list[TensorMeta]:
+    return [TensorMeta(str(n), str(d), tuple(int(s) for s in shape), int(o)) for n, d, shape, o in wire]
+
+
+def plan_to_wire(plan: Sequence[Bucket]) -> list[list]:
+    return [metas_to_wire(b.tensors) + [b.nbytes] for b in plan]
 
 
 def plan_from_wire(wire: Sequence[Sequence]) -> list[Bucket]:
     if wire and isinstance(wire[0], Bucket):
         return list(wire)  # type: ignore[arg-type]
-    out = []
-    for b in wire:
-        *metas, nbytes = b
-        out.append(Bucket(tuple(TensorMeta(n, d, tuple(s), int(o)) for n, d, s, o in metas), int(nbytes)))
-    return out
+    return [Bucket(tuple(metas_from_wire(b[:-1])), int(b[-1])) for b in wire]
 
 
 def plan_bytes(plan: Sequence[Bucket]) -> int:
@@ -126,7 +130,8 @@ def _buffer_bytes(plan: Sequence[Bucket]) -> int:
     return max((b.nbytes for b in plan), default=0)
 
 
-def _view(buffer: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
+def bucket_view(buffer: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
+    """The tensor `meta` describes, as a view of a uint8 bucket buffer's bytes (no copy)."""
     return buffer[meta.offset: meta.offset + meta.nbytes].view(meta.torch_dtype).view(meta.shape)
 
 
@@ -274,7 +279,7 @@ def send_buckets(group: Optional[WeightSyncGroup], plan: Sequence[Bucket], tenso
             if name != meta.name or tuple(tensor.shape) != meta.shape:
                 raise SyncError(f"weight sync: plan expects {meta.name!r} {meta.shape}, the model gave {name!r} "
                                 f"{tuple(tensor.shape)}")
-            view = _view(buf, meta)
+            view = bucket_view(buf, meta)
             view.copy_(tensor, non_blocking=True)
             if verify:
                 checksums[name] = tensor_checksum(view)
@@ -318,7 +323,7 @@ def receive_buckets(group: WeightSyncGroup, plan: Sequence[Bucket], *, double_bu
             works[i + 1] = group.broadcast(nxt[: plan[i + 1].nbytes])
         works.pop(i).wait()
         buf = buffers[i % len(buffers)]
-        views = [(meta.name, _view(buf, meta)) for meta in bucket.tensors]
+        views = [(meta.name, bucket_view(buf, meta)) for meta in bucket.tensors]
         if verify and checksums is not None:
             for name, view in views:
                 checksums[name] = tensor_checksum(view)

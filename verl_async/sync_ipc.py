@@ -33,8 +33,8 @@ import ray
 import torch
 
 from verl_async.sync import ObjectStoreSync, SyncError
-from verl_async.sync_collective import (ALIGN_BYTES, Bucket, TensorMeta, _dtype_name, loaded_checksums,
-                                        tensor_checksum)
+from verl_async.sync_collective import (ALIGN_BYTES, Bucket, TensorMeta, bucket_view, loaded_checksums,
+                                        metas_from_wire, metas_to_wire, plan_buckets, tensor_checksum)
 
 _DEVICE_ARG = 6  # rebuild_cuda_tensor's `storage_device` (an int: the exporter's device index)
 
@@ -44,14 +44,9 @@ def layout(pairs: Sequence[tuple[str, torch.Tensor]], align: int = ALIGN_BYTES) 
     """Byte offsets of each tensor in one flat buffer (each start a multiple of `align`); returns (metas, nbytes)."""
     if align <= 0 or align % 8:
         raise ValueError(f"cuda_ipc: alignment must be a positive multiple of 8 bytes, got {align}")
-    metas: list[TensorMeta] = []
-    used = 0
-    for name, t in pairs:
-        start = -(-used // align) * align
-        meta = TensorMeta(str(name), _dtype_name(t.dtype), tuple(int(s) for s in t.shape), start)
-        metas.append(meta)
-        used = start + meta.nbytes
-    return metas, used
+    # the collective transports' bucket plan, with the whole list in one bucket (bucketize sized it already)
+    plan = plan_buckets(((n, t.dtype, t.shape) for n, t in pairs), bucket_bytes=1 << 62, align=align)
+    return (list(plan[0].tensors), plan[0].nbytes) if plan else ([], 0)
 
 
 def pack(pairs: Sequence[tuple[str, torch.Tensor]], device: Any = None,
@@ -63,26 +58,12 @@ def pack(pairs: Sequence[tuple[str, torch.Tensor]], device: Any = None,
     buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)  # 1: a storage IPC can export
     for (_, t), meta in zip(pairs, metas):
         if meta.nbytes:
-            view(buffer, meta).copy_(t.detach(), non_blocking=True)
+            bucket_view(buffer, meta).copy_(t.detach(), non_blocking=True)
     return buffer, metas
 
 
-def view(buffer: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
-    """The tensor `meta` describes, as a view of `buffer`'s bytes (no copy)."""
-    flat = buffer[meta.offset: meta.offset + meta.nbytes]
-    return flat.view(meta.torch_dtype).view(meta.shape)
-
-
 def unpack(buffer: torch.Tensor, metas: Sequence[TensorMeta]) -> list[tuple[str, torch.Tensor]]:
-    return [(m.name, view(buffer, m)) for m in metas]
-
-
-def metas_to_wire(metas: Sequence[TensorMeta]) -> list[list]:
-    return [[m.name, m.dtype, list(m.shape), m.offset] for m in metas]
-
-
-def metas_from_wire(wire: Sequence[Sequence]) -> list[TensorMeta]:
-    return [TensorMeta(str(n), str(d), tuple(int(s) for s in shape), int(o)) for n, d, shape, o in wire]
+    return [(m.name, bucket_view(buffer, m)) for m in metas]
 
 
 # ---------------------------------------------------------------------------------------- IPC handles (CUDA)
