@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from verl_async.utils.timeline import union_length
+
 # Phase ranges the trainer opens (verl_async/trainer/fsdp_worker.py), and the whole call.
 STEP_RANGE = "verl::update"
 PHASES = ("inputs", "forward", "logprob", "loss", "backward", "grad_clip", "optimizer", "metrics")
@@ -151,23 +153,6 @@ class Record:
     ranges: tuple[str, ...] = ()
 
 
-def _union_us(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
-    """Length of the union of intervals clipped to [lo, hi]."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
-        if e <= s:
-            continue
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
-
-
 def summarize(records: Sequence[Record], *, window_us: tuple[float, float], mode: str, top: int = 12,
               busy_intervals: Optional[Sequence[tuple[float, float]]] = None) -> dict:
     """Totals per category and phase, busy time and idle gap over `window_us` (the step's start and end).
@@ -194,7 +179,7 @@ def summarize(records: Sequence[Record], *, window_us: tuple[float, float], mode
         k[1] += 1
     if busy_intervals is None:
         busy_intervals = [(r.start_us, r.end_us) for r in records]
-    busy = _union_us(busy_intervals, lo, hi)
+    busy = union_length(busy_intervals, lo, hi)
     total = sum(cats.values())
     ms = lambda us: round(us / 1000.0, 3)  # noqa: E731
     return {

@@ -13,7 +13,7 @@ import html
 import json
 import os
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 KIND_COLORS = {
     "generate": "#4c9be8",
@@ -128,7 +128,7 @@ def render_timeline_html(spans: list[dict], out_path: str, title: str = "verl_as
     return out_path
 
 
-def union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+def union_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
     """Length of the union of intervals, clipped to [lo, hi]."""
     total, end = 0.0, lo
     for s, e in sorted((max(lo, s), min(hi, e)) for s, e in intervals):
