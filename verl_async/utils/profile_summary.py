@@ -36,7 +36,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from verl_async.utils.timeline import union_length
 
