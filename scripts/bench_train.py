@@ -192,6 +192,10 @@ def layout_options(layout: str, batch, micro_tokens: int) -> dict:
 
 MEGATRON_ATTN = "mcore-local"  # megatron-core's local layer spec: unfused DotProductAttention
 MEGATRON_LAYOUT = "right-padded"
+MEGATRON_NOTES = (  # in each Megatron row's notes and under the table
+    "no packing: rows right-padded, fixed rows per micro-batch (FSDP padded sizing), whatever --layouts says",
+    f"--attn does not apply: megatron-core local spec ({MEGATRON_ATTN}: unfused DotProductAttention)",
+)
 
 
 def make_group(strategy: str, world: int, attn: str, model_dir: str, args):
@@ -265,10 +269,7 @@ def bench_group(world: int, attn: str, model_dir: str, args, peak_flops: float, 
                 "step_s": step_time / args.steps, "init_s": init_s, "packed_vs_padded_max_abs_diff": check,
             })
             if megatron:
-                rows[-1].update(megatron_tp=args.megatron_tp, notes=[
-                    "no packing: rows right-padded, fixed rows per micro-batch (FSDP padded sizing)",
-                    "--attn does not apply: megatron-core local spec (unfused DotProductAttention)",
-                    *group.notes])
+                rows[-1].update(megatron_tp=args.megatron_tp, notes=[*MEGATRON_NOTES, *group.notes])
             print(json.dumps(rows[-1]), flush=True)
             if profile is not None:
                 rows[-1]["profile"] = profile
@@ -298,9 +299,7 @@ def print_table(rows: list[dict], peak_flops: float) -> None:
               f"{r['step_s']:>8.3f} {r['logprob_tokens_per_s_per_gpu']:>12.0f} "
               f"{'n/a' if diff is None else f'{diff:.2e}':>15}")
     if any(r.get("strategy") == "megatron" for r in rows):
-        print(f"megatron rows: no packing (rows right-padded, fixed rows per micro-batch sized like the FSDP padded "
-              f"layout, whatever --layouts says); --attn does not apply ({MEGATRON_ATTN}: megatron-core's unfused "
-              f"DotProductAttention); params for MFU = the HF checkpoint's count")
+        print("megatron rows: " + "; ".join(MEGATRON_NOTES) + "; params for MFU = the HF checkpoint's count")
     print_profiles(rows)
 
 
