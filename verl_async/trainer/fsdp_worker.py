@@ -309,35 +309,14 @@ class FSDPWorker(RankBase):
     def _grad_sync(self, last: bool) -> None:
         """Before each backward of a mini-batch: reduce gradients only on its last micro-batch.
 
-        FSDP2's `set_requires_gradient_sync(False)` (FSDP1's `no_sync`) skips the reduce-scatter
-        (and the fp32 copy-in/out around it) of the non-last micro-batches; the last backward
-        reduce-scatters the sum once: with k micro-batches per optimizer step, 1 reduce-scatter
-        per layer instead of k. Every rank runs the same number of micro-batches (a rank short
-        of rows runs a dummy one, `batching`), so all ranks skip and reduce in the same backward.
-
-        Memory (torch 2.11-2.13, `FSDPParamGroup.post_backward` / `FSDPParam.to_accumulated_grad_if_needed`):
-        while skipping, each parameter keeps its UNSHARDED gradient on the device across micro-batches,
-        in `mixed_precision.reduce_dtype` when that differs from `param_dtype` (bf16 grads upcast once to
-        `unsharded_accumulated_grad` in fp32, later micro-batches add into it), else in the parameter
-        dtype (CPU: fp32 `.grad` of the unsharded parameter). That is 4 bytes x ALL parameters per rank
-        from the first backward of a mini-batch to its last (e.g. ~30 GB for a 7B model), instead of
-        4 bytes x params / world_size of sharded fp32 gradients: the trade-off of
-        `fsdp_config.grad_accum_no_sync` (default true; false: reduce every micro-batch as before).
-        A mini-batch of one micro-batch is unchanged (its only backward is the last).
-
-        CPU offload (`offload_policy`) works the same: the unsharded grads live on the device with the
-        unsharded parameters, and only the last backward's reduce-scatter output is copied to the host
-        (instead of one device-to-host copy and one host-side `+=` per micro-batch); the device memory
-        above is the price, so a run offloading to fit should set grad_accum_no_sync=false.
-
-        Parameters: while accumulating, `reshard_after_backward` follows `reshard_after_forward`. With
-        reshard_after_forward=false the unsharded parameters already stay on the device from a forward
-        to its backward, so keeping them to the next micro-batch's forward costs no extra peak memory
-        and saves that forward's all-gather; with true (the memory-saving default) they are resharded
-        after every backward as before. The last backward always reshards. `set_is_last_backward` stays
-        true (FSDP's default): its end-of-backward work waits on reductions (none are pending when
-        skipping) and clears the prefetch order, which each micro-batch's forward records again.
-        The reference model is a separate FSDP module without gradients: untouched.
+        `set_requires_gradient_sync(False)` skips the reduce-scatter (and its fp32 copy-in/out) of the
+        non-last micro-batches: 1 per layer per optimizer step instead of one per micro-batch. Every rank
+        runs the same number of micro-batches (dummies, `batching`), so all ranks reduce in the same backward.
+        The price (torch 2.11-2.13 FSDPParam.to_accumulated_grad_if_needed): each parameter's UNSHARDED
+        gradient stays on the device across the mini-batch, in `reduce_dtype` (4 bytes x all parameters per
+        rank) — hence `fsdp_config.grad_accum_no_sync` (default true; false for runs that need that memory,
+        e.g. with `offload_policy`). While accumulating, parameters stay unsharded only when
+        `reshard_after_forward=false` (no extra peak then); the last backward always reshards.
         """
         sync = last or not self.settings.grad_accum_no_sync
         self.model.set_requires_gradient_sync(sync)
