@@ -11,22 +11,24 @@ import torch
 
 from verl_async.rollout.replica import SyncTarget
 from verl_async.sync import SyncError, build_sync
-from verl_async.sync_collective import (
+from verl_async.bucket_plan import (
     ALIGN_BYTES,
-    EngineGroupEndpoint,
-    GlooCollectiveSync,
-    LocalEngineEndpoint,
-    WeightSyncGroup,
     compare_checksums,
-    master_store,
     plan_buckets,
     plan_bytes,
     plan_from_wire,
     plan_to_wire,
+    tensor_checksum,
+)
+from verl_async.sync_collective import (
+    EngineGroupEndpoint,
+    GlooCollectiveSync,
+    LocalEngineEndpoint,
+    WeightSyncGroup,
+    master_store,
     rank_offsets,
     receive_buckets,
     send_buckets,
-    tensor_checksum,
 )
 
 

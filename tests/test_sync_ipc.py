@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from verl_async.sync import TRANSPORTS, SyncError, build_sync
-from verl_async.sync_collective import bucket_view, metas_from_wire, metas_to_wire
+from verl_async.bucket_plan import bucket_view, metas_from_wire, metas_to_wire
 from verl_async.sync_ipc import CudaIpcSync, IpcEndpoint, layout, pack, unpack
 
 

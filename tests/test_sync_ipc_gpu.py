@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from verl_async.sync_collective import metas_to_wire, tensor_checksum
+from verl_async.bucket_plan import metas_to_wire, tensor_checksum
 from verl_async.sync_ipc import export, load_ipc_bucket, pack
 
 pytestmark = pytest.mark.gpu

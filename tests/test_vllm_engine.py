@@ -15,7 +15,8 @@ import torch
 from verl_async.rollout.engine import GenerateRequest, SamplingParams
 from verl_async.rollout.vllm_engine import WORKER_EXTENSION, engine_args_from_config, sampled_logprobs, vllm_sampling_kwargs
 from verl_async.rollout.vllm_worker import WeightSyncWorkerExtension
-from verl_async.sync_collective import WeightSyncGroup, master_store, plan_buckets, plan_to_wire, send_buckets
+from verl_async.bucket_plan import plan_buckets, plan_to_wire
+from verl_async.sync_collective import WeightSyncGroup, master_store, send_buckets
 
 ROLLOUT = {
     "name": "vllm", "dtype": "bfloat16", "prompt_length": 128, "response_length": 384, "tensor_model_parallel_size": 2,

@@ -9,9 +9,9 @@ backend directly on a `PrefixStore` of it (`ProcessGroupNCCL` / `ProcessGroupGlo
 torch_npu's `ProcessGroupHCCL`), like vLLM's `stateless_init_torch_distributed_process_group`.
 So it lives beside the trainer's FSDP group and vLLM's own groups without touching them.
 
-A sync moves a *plan*: buckets of (HF name, dtype, full shape, byte offset), computed from
-parameter metadata without any gather (FSDP2 DTensors know their global shape) and
-identical on all sides. Per bucket, rank 0 copies the gathered full tensors into a flat
+A sync moves a *plan* (verl_async/bucket_plan.py): buckets of (HF name, dtype, full shape,
+byte offset), computed from parameter metadata without any gather (FSDP2 DTensors know
+their global shape) and identical on all sides. Per bucket, rank 0 copies the gathered full tensors into a flat
 byte buffer and broadcasts it; receivers view their buffer as the tensors and hand them to
 the engine. Double buffering: two buffers per side, so rank 0 gathers bucket i+1 while
 bucket i is on the wire, and a receiver posts the receive of bucket i+1 before loading
@@ -31,130 +31,20 @@ import asyncio
 import logging
 import time
 import weakref
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
+from verl_async.bucket_plan import (Bucket, bucket_view, compare_checksums, dtype_name, max_bucket_bytes,
+                                     plan_from_wire, tensor_checksum)
 from verl_async.sync import SyncError
 from verl_async.utils.waiting import WaitTimeout, finished_in_turn
 
 logger = logging.getLogger("verl_async.sync")
 
-ALIGN_BYTES = 256  # every tensor starts at a multiple of this in a bucket (any dtype view is aligned)
 _GROUP_PREFIX = "verl_async/weight_sync"
 BACKENDS = ("nccl", "hccl", "gloo")
-
-
-# ---------------------------------------------------------------------------------------- plan
-@dataclass(frozen=True)
-class TensorMeta:
-    name: str
-    dtype: str  # "bfloat16", "float32", ...
-    shape: tuple[int, ...]
-    offset: int  # bytes from the start of the bucket
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
-
-    @property
-    def nbytes(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= int(s)
-        return n * torch.empty((), dtype=self.torch_dtype).element_size()
-
-
-@dataclass(frozen=True)
-class Bucket:
-    tensors: tuple[TensorMeta, ...]
-    nbytes: int
-
-
-def _dtype_name(dtype: Any) -> str:
-    if isinstance(dtype, torch.dtype):
-        return str(dtype).replace("torch.", "")
-    name = str(dtype).replace("torch.", "")
-    if not isinstance(getattr(torch, name, None), torch.dtype):
-        raise ValueError(f"weight sync: unknown dtype {dtype!r}")
-    return name
-
-
-def plan_buckets(params: Iterable[tuple[str, Any, Sequence[int]]], bucket_bytes: int,
-                 align: int = ALIGN_BYTES) -> list[Bucket]:
-    """Group (name, dtype, shape) in order into buckets of at most `bucket_bytes` (a bigger tensor travels alone)."""
-    if bucket_bytes <= 0:
-        raise ValueError(f"weight sync: bucket size must be positive, got {bucket_bytes} bytes")
-    buckets: list[Bucket] = []
-    current: list[TensorMeta] = []
-    used = 0
-    for name, dtype, shape in params:
-        meta = TensorMeta(str(name), _dtype_name(dtype), tuple(int(s) for s in shape), 0)
-        start = -(-used // align) * align
-        if current and start + meta.nbytes > bucket_bytes:
-            buckets.append(Bucket(tuple(current), used))
-            current, used, start = [], 0, 0
-        current.append(TensorMeta(meta.name, meta.dtype, meta.shape, start))
-        used = start + meta.nbytes
-    if current:
-        buckets.append(Bucket(tuple(current), used))
-    return buckets
-
-
-def metas_to_wire(metas: Sequence[TensorMeta]) -> list[list]:
-    """Plain lists (msgpack/pickle friendly: travels through Ray and vLLM's collective_rpc)."""
-    return [[m.name, m.dtype, list(m.shape), m.offset] for m in metas]
-
-
-def metas_from_wire(wire: Sequence[Sequence]) -> list[TensorMeta]:
-    return [TensorMeta(str(n), str(d), tuple(int(s) for s in shape), int(o)) for n, d, shape, o in wire]
-
-
-def plan_to_wire(plan: Sequence[Bucket]) -> list[list]:
-    return [metas_to_wire(b.tensors) + [b.nbytes] for b in plan]
-
-
-def plan_from_wire(wire: Sequence[Sequence]) -> list[Bucket]:
-    if wire and isinstance(wire[0], Bucket):
-        return list(wire)  # type: ignore[arg-type]
-    return [Bucket(tuple(metas_from_wire(b[:-1])), int(b[-1])) for b in wire]
-
-
-def plan_bytes(plan: Sequence[Bucket]) -> int:
-    return sum(m.nbytes for b in plan for m in b.tensors)
-
-
-def _buffer_bytes(plan: Sequence[Bucket]) -> int:
-    return max((b.nbytes for b in plan), default=0)
-
-
-def bucket_view(buffer: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
-    """The tensor `meta` describes, as a view of a uint8 bucket buffer's bytes (no copy)."""
-    return buffer[meta.offset: meta.offset + meta.nbytes].view(meta.torch_dtype).view(meta.shape)
-
-
-# ---------------------------------------------------------------------------------------- checksums
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def tensor_checksum(t: torch.Tensor) -> str:
-    """Bit-level, order-sensitive fingerprint of a tensor (equal iff bits match, up to a ~2^-60 collision)."""
-    flat = t.detach().contiguous().view(-1)
-    ints = flat.view(_INT_VIEW[flat.element_size()]).to(torch.int64)
-    weights = torch.arange(ints.numel(), device=ints.device, dtype=torch.int64) % 65521 + 1
-    plain = int(ints.sum())
-    weighted = int((ints * weights).sum())
-    return f"{t.dtype}:{tuple(t.shape)}:{plain & 0xFFFFFFFFFFFFFFFF:016x}:{weighted & 0xFFFFFFFFFFFFFFFF:016x}"
-
-
-def compare_checksums(sent: dict[str, str], got: dict[str, str], who: str) -> list[str]:
-    """Human-readable mismatches between the sender's and one receiver's checksums."""
-    problems = [f"{who}: {name} not received" for name in sent if name not in got]
-    problems += [f"{who}: {name} differs ({got[name]} != {sent[name]})" for name in sent
-                 if name in got and got[name] != sent[name]]
-    return problems
 
 
 # ---------------------------------------------------------------------------------------- the group
@@ -257,7 +147,7 @@ def send_buckets(group: Optional[WeightSyncGroup], plan: Sequence[Bucket], tenso
             pass
         return {"bytes": 0, "buckets": 0, "checksums": {}}
     device = group.device
-    size = _buffer_bytes(plan)
+    size = max_bucket_bytes(plan)
     buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2 if double_buffer else 1)]
     pending: list[Any] = [None] * len(buffers)
     checksums: dict[str, str] = {}
@@ -314,7 +204,7 @@ def receive_buckets(group: WeightSyncGroup, plan: Sequence[Bucket], *, double_bu
     """
     if not plan:
         return
-    buffers = [torch.empty(_buffer_bytes(plan), dtype=torch.uint8, device=group.device)
+    buffers = [torch.empty(max_bucket_bytes(plan), dtype=torch.uint8, device=group.device)
                for _ in range(2 if double_buffer else 1)]
     works: dict[int, Any] = {0: group.broadcast(buffers[0][: plan[0].nbytes])}
     for i, bucket in enumerate(plan):
@@ -388,7 +278,7 @@ def loaded_checksums(engine: Any, plan: Sequence[Bucket]) -> dict[str, str]:
     for bucket in plan:
         for meta in bucket.tensors:
             p = params.get(meta.name)
-            if p is not None and _dtype_name(p.dtype) == meta.dtype:
+            if p is not None and dtype_name(p.dtype) == meta.dtype:
                 out[meta.name] = tensor_checksum(p.data)
     return out
 

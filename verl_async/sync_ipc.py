@@ -33,8 +33,9 @@ import ray
 import torch
 
 from verl_async.sync import ObjectStoreSync, SyncError
-from verl_async.sync_collective import (ALIGN_BYTES, Bucket, TensorMeta, bucket_view, loaded_checksums,
-                                        metas_from_wire, metas_to_wire, plan_buckets, tensor_checksum)
+from verl_async.bucket_plan import (ALIGN_BYTES, Bucket, TensorMeta, bucket_view, metas_from_wire, metas_to_wire,
+                                     plan_buckets, tensor_checksum)
+from verl_async.sync_collective import loaded_checksums
 
 _DEVICE_ARG = 6  # rebuild_cuda_tensor's `storage_device` (an int: the exporter's device index)
 

@@ -94,7 +94,7 @@ class EngineReplica:
 
     def loaded_checksums(self) -> dict[str, str]:
         """Checksum of every parameter of the engine's model (engines exposing `.model`; tests, sync checks)."""
-        from verl_async.sync_collective import tensor_checksum
+        from verl_async.bucket_plan import tensor_checksum
 
         model = getattr(self.engine, "model", None)
         if model is None:

@@ -15,7 +15,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
-from verl_async.sync_collective import WeightSyncGroup, plan_from_wire, receive_buckets
+from verl_async.bucket_plan import plan_from_wire
+from verl_async.sync_collective import WeightSyncGroup, receive_buckets
 
 
 def pack_tensor(t: torch.Tensor) -> tuple[str, list[int], bytes]:

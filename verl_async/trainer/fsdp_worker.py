@@ -384,7 +384,7 @@ class FSDPWorker(RankBase):
 
     def weight_sync_plan(self, bucket_bytes: int, dtype: Optional[str] = None) -> list:
         """The bucket plan (names, dtypes, full shapes, offsets) from metadata alone: no gather."""
-        from verl_async.sync_collective import plan_buckets, plan_to_wire
+        from verl_async.bucket_plan import plan_buckets, plan_to_wire
 
         target = self._sync_dtype(dtype)
         return plan_to_wire(plan_buckets(((n, target, tuple(p.shape)) for n, p in self.model.named_parameters()),

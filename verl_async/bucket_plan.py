@@ -1,0 +1,126 @@
+"""Bucket layouts of weight sync: which tensor sits at which byte offset, the wire form, checksums.
+
+Pure code shared by the collective transports (sync_collective.py: a plan computed from
+parameter metadata, identical on all sides) and the CUDA-IPC transport (sync_ipc.py: one
+layout per packed bucket). A bucket is a flat uint8 buffer; `bucket_view` reads a tensor
+out of it without a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+
+ALIGN_BYTES = 256  # every tensor starts at a multiple of this in a bucket (any dtype view is aligned)
+
+
+# ---------------------------------------------------------------------------------------- plan
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    dtype: str  # "bfloat16", "float32", ...
+    shape: tuple[int, ...]
+    offset: int  # bytes from the start of the bucket
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= int(s)
+        return n * torch.empty((), dtype=self.torch_dtype).element_size()
+
+
+@dataclass(frozen=True)
+class Bucket:
+    tensors: tuple[TensorMeta, ...]
+    nbytes: int
+
+
+def dtype_name(dtype: Any) -> str:
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).replace("torch.", "")
+    name = str(dtype).replace("torch.", "")
+    if not isinstance(getattr(torch, name, None), torch.dtype):
+        raise ValueError(f"weight sync: unknown dtype {dtype!r}")
+    return name
+
+
+def plan_buckets(params: Iterable[tuple[str, Any, Sequence[int]]], bucket_bytes: int,
+                 align: int = ALIGN_BYTES) -> list[Bucket]:
+    """Group (name, dtype, shape) in order into buckets of at most `bucket_bytes` (a bigger tensor travels alone)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"weight sync: bucket size must be positive, got {bucket_bytes} bytes")
+    buckets: list[Bucket] = []
+    current: list[TensorMeta] = []
+    used = 0
+    for name, dtype, shape in params:
+        meta = TensorMeta(str(name), dtype_name(dtype), tuple(int(s) for s in shape), 0)
+        start = -(-used // align) * align
+        if current and start + meta.nbytes > bucket_bytes:
+            buckets.append(Bucket(tuple(current), used))
+            current, used, start = [], 0, 0
+        current.append(TensorMeta(meta.name, meta.dtype, meta.shape, start))
+        used = start + meta.nbytes
+    if current:
+        buckets.append(Bucket(tuple(current), used))
+    return buckets
+
+
+def metas_to_wire(metas: Sequence[TensorMeta]) -> list[list]:
+    """Plain lists (msgpack/pickle friendly: travels through Ray and vLLM's collective_rpc)."""
+    return [[m.name, m.dtype, list(m.shape), m.offset] for m in metas]
+
+
+def metas_from_wire(wire: Sequence[Sequence]) -> list[TensorMeta]:
+    return [TensorMeta(str(n), str(d), tuple(int(s) for s in shape), int(o)) for n, d, shape, o in wire]
+
+
+def plan_to_wire(plan: Sequence[Bucket]) -> list[list]:
+    return [metas_to_wire(b.tensors) + [b.nbytes] for b in plan]
+
+
+def plan_from_wire(wire: Sequence[Sequence]) -> list[Bucket]:
+    if wire and isinstance(wire[0], Bucket):
+        return list(wire)  # type: ignore[arg-type]
+    return [Bucket(tuple(metas_from_wire(b[:-1])), int(b[-1])) for b in wire]
+
+
+def plan_bytes(plan: Sequence[Bucket]) -> int:
+    return sum(m.nbytes for b in plan for m in b.tensors)
+
+
+def max_bucket_bytes(plan: Sequence[Bucket]) -> int:
+    return max((b.nbytes for b in plan), default=0)
+
+
+def bucket_view(buffer: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
+    """The tensor `meta` describes, as a view of a uint8 bucket buffer's bytes (no copy)."""
+    return buffer[meta.offset: meta.offset + meta.nbytes].view(meta.torch_dtype).view(meta.shape)
+
+
+# ---------------------------------------------------------------------------------------- checksums
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def tensor_checksum(t: torch.Tensor) -> str:
+    """Bit-level, order-sensitive fingerprint of a tensor (equal iff bits match, up to a ~2^-60 collision)."""
+    flat = t.detach().contiguous().view(-1)
+    ints = flat.view(_INT_VIEW[flat.element_size()]).to(torch.int64)
+    weights = torch.arange(ints.numel(), device=ints.device, dtype=torch.int64) % 65521 + 1
+    plain = int(ints.sum())
+    weighted = int((ints * weights).sum())
+    return f"{t.dtype}:{tuple(t.shape)}:{plain & 0xFFFFFFFFFFFFFFFF:016x}:{weighted & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def compare_checksums(sent: dict[str, str], got: dict[str, str], who: str) -> list[str]:
+    """Human-readable mismatches between the sender's and one receiver's checksums."""
+    problems = [f"{who}: {name} not received" for name in sent if name not in got]
+    problems += [f"{who}: {name} differs ({got[name]} != {sent[name]})" for name in sent
+                 if name in got and got[name] != sent[name]]
+    return problems
