@@ -11,7 +11,8 @@
 #   ipctest          tests/test_sync_ipc_gpu.py ($STORE/ipc_test.log); train:ipc-MODE-SEED trains with sync_transport=cuda_ipc
 #   engineprof       scripts/profile_engine_host.py on the GPU (--kernels) and bench_engine --compile ($STORE/engine_prof.log)
 #   trainbench       scripts/bench_train.py --gpus 1 with --profile: FSDP2 variants + Megatron ($STORE/trainbench.tar.gz);
-#                    then --strategy megatron (TP=1) when megatron-core imports (after the megatron phase)
+#                    then --strategy megatron (TP=1) when megatron-core imports (megatron phase, or .carry/mc stashed);
+#                    TRAINBENCH_VARIANTS (default "nosync_false nosync_true compile"; also microNk: N*1024-token micro-batches)
 #   train:NAME       one run of recipe.fully_async_main; NAME = MODE-SEED with MODE
 #                      sync   staleness 0, sync every step, no partial rollout       (arithmetic task)
 #                      async  staleness 0.5, partial rollout, sync every step        (arithmetic task)
@@ -167,8 +168,8 @@ PY
       { timeout 180 python3 scripts/profile_engine_host.py --device cuda --shape smollm2 --batches 1,8,32,64 \
           --tokens 192 --repeat 2 --kernels
         dir=$(python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('$MODEL'))")
-        timeout 240 python3 scripts/bench_engine.py --device cuda --model "$dir" --median-len 128 --max-len 256 \
-          --batches 1,16,64,128 --prompt-len 128 --no-hf --compile --out "$STORE/engine_compile.json"
+        timeout "${COMPILE_LIMIT:-240}" python3 scripts/bench_engine.py --device cuda --model "$dir" --median-len 128 \
+          --max-len 256 --batches 1,16,64,128 --prompt-len 128 --no-hf --compile --out "$STORE/engine_compile.json"
       } > "$STORE/engine_prof.log" 2>&1 || status=1
       tail -n 30 "$STORE/engine_prof.log" ;;
     trainbench)  # scripts/bench_train.py on this machine's GPU(s): MFU, and a profiled step per configuration
@@ -176,11 +177,13 @@ PY
       # default), and that with the log-prob math compiled (use_torch_compile). Traces stay on the machine
       # ($STORE/traces: ~9 MB each), the summaries are in the JSON.
       rm -rf "$STORE/trainbench" "$STORE/traces" && mkdir -p "$STORE/trainbench" "$STORE/traces"
-      for variant in nosync_false nosync_true compile; do
+      for variant in ${TRAINBENCH_VARIANTS:-nosync_false nosync_true compile}; do
         case $variant in
           nosync_false) set_args="--set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=false" ;;
           nosync_true)  set_args="--set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=true" ;;
           compile)      set_args="--set actor_rollout_ref.actor.use_torch_compile=true" ;;
+          micro*k)      set_args="--micro-tokens $(( ${variant#micro} * 1024 ))" ;;  # e.g. micro16k: 16384-token micro-batches
+          *) echo "trainbench: unknown variant $variant" >&2; status=2; continue ;;
         esac
         # shellcheck disable=SC2086
         timeout "${TRAINBENCH_LIMIT:-300}" python3 scripts/bench_train.py --device cuda --gpus 1 \
@@ -191,6 +194,10 @@ PY
       done
       # third: the Megatron trainer (TP=1) on the same model and batches (rows right-padded: --attn/--layouts are
       # FSDP-only); megatron-core is in /tmp/site once the megatron phase has run (.carry/mc stashed)
+      # megatron-core from the stash (.carry/mc) when the megatron phase did not run in this machine's life
+      if ! python3 -c "import megatron.core" 2>/dev/null && ls /root/.carry/megatron_core-*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/.carry/megatron_core-*.whl
+      fi
       if python3 -c "import megatron.core" 2>/dev/null; then
         # shellcheck disable=SC2086
         timeout "${TRAINBENCH_LIMIT:-300}" python3 scripts/bench_train.py --device cuda --gpus 1 --strategy megatron \
