@@ -182,7 +182,7 @@ PY
           nosync_false) set_args="--set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=false" ;;
           nosync_true)  set_args="--set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=true" ;;
           compile)      set_args="--set actor_rollout_ref.actor.use_torch_compile=true" ;;
-          micro*k)      set_args="--micro-tokens $(( ${variant#micro} * 1024 ))" ;;  # e.g. micro16k: 16384-token micro-batches
+          micro*k)      n=${variant#micro}; set_args="--micro-tokens $(( ${n%k} * 1024 ))" ;;  # micro16k: 16384-token micro-batches
           *) echo "trainbench: unknown variant $variant" >&2; status=2; continue ;;
         esac
         # shellcheck disable=SC2086
