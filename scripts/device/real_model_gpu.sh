@@ -12,7 +12,8 @@
 #   engineprof       scripts/profile_engine_host.py on the GPU (--kernels) and bench_engine --compile ($STORE/engine_prof.log)
 #   trainbench       scripts/bench_train.py --gpus 1 with --profile: FSDP2 variants + Megatron ($STORE/trainbench.tar.gz);
 #                    then --strategy megatron (TP=1) when megatron-core imports (megatron phase, or .carry/mc stashed);
-#                    TRAINBENCH_VARIANTS (default "nosync_false nosync_true compile"; also microNk: N*1024-token micro-batches)
+#                    TRAINBENCH_VARIANTS (default "nosync_false nosync_true compile"; also microNk: N*1024-token micro-batches;
+#                    parts joined by +: micro32k+compile); TRAINBENCH_MEGATRON=0 skips the Megatron run
 #   train:NAME       one run of recipe.fully_async_main; NAME = MODE-SEED with MODE
 #                      sync   staleness 0, sync every step, no partial rollout       (arithmetic task)
 #                      async  staleness 0.5, partial rollout, sync every step        (arithmetic task)
@@ -178,13 +179,16 @@ PY
       # ($STORE/traces: ~9 MB each), the summaries are in the JSON.
       rm -rf "$STORE/trainbench" "$STORE/traces" && mkdir -p "$STORE/trainbench" "$STORE/traces"
       for variant in ${TRAINBENCH_VARIANTS:-nosync_false nosync_true compile}; do
-        case $variant in
-          nosync_false) set_args="--set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=false" ;;
-          nosync_true)  set_args="--set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=true" ;;
-          compile)      set_args="--set actor_rollout_ref.actor.use_torch_compile=true" ;;
-          micro*k)      n=${variant#micro}; set_args="--micro-tokens $(( ${n%k} * 1024 ))" ;;  # micro16k: 16384-token micro-batches
-          *) echo "trainbench: unknown variant $variant" >&2; status=2; continue ;;
-        esac
+        set_args=""  # a variant is one or more of these joined by "+", e.g. micro32k+compile
+        for part in ${variant//+/ }; do
+          case $part in
+            nosync_false) set_args+=" --set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=false" ;;
+            nosync_true)  set_args+=" --set actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=true" ;;
+            compile)      set_args+=" --set actor_rollout_ref.actor.use_torch_compile=true" ;;
+            micro*k)      n=${part#micro}; set_args+=" --micro-tokens $(( ${n%k} * 1024 ))" ;;  # micro16k: 16384 tokens
+            *) echo "trainbench: unknown variant part $part" >&2; status=2 ;;
+          esac
+        done
         # shellcheck disable=SC2086
         timeout "${TRAINBENCH_LIMIT:-300}" python3 scripts/bench_train.py --device cuda --gpus 1 \
           ${TRAINBENCH_ARGS:---attn varlen --layouts packed} --model-dir /tmp/bench_train_model $set_args \
@@ -198,7 +202,9 @@ PY
       if ! python3 -c "import megatron.core" 2>/dev/null && ls /root/.carry/megatron_core-*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/.carry/megatron_core-*.whl
       fi
-      if python3 -c "import megatron.core" 2>/dev/null; then
+      if [ "${TRAINBENCH_MEGATRON:-1}" = 0 ]; then
+        echo "trainbench: Megatron run skipped (TRAINBENCH_MEGATRON=0)"
+      elif python3 -c "import megatron.core" 2>/dev/null; then
         # shellcheck disable=SC2086
         timeout "${TRAINBENCH_LIMIT:-300}" python3 scripts/bench_train.py --device cuda --gpus 1 --strategy megatron \
           --megatron-tp 1 ${TRAINBENCH_ARGS:---attn varlen --layouts packed} --model-dir /tmp/bench_train_model \
