@@ -100,6 +100,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true", default=None)
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (opt-in)")
+    p.add_argument("--no-fast-decode", dest="fast_decode", action="store_false",
+                   help="decode through the HF forward instead of the runner's FastDecoder (compare both paths)")
     p.add_argument("--kv-len-bucket", type=int, default=256)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: leave as is)")
     p.add_argument("--seed", type=int, default=0)
@@ -250,6 +252,7 @@ async def bench(args, spec) -> tuple[dict, list, str | None]:
         max_num_batched_tokens=max_batched_tokens(args),
         cuda_graphs=args.cuda_graphs,
         compile_decode=args.compile,
+        fast_decode=args.fast_decode,
         kv_len_bucket=args.kv_len_bucket,
         seed=args.seed,
     )
@@ -285,6 +288,7 @@ async def bench(args, spec) -> tuple[dict, list, str | None]:
         "max_model_len": max_model_len,
         "cuda_graphs": args.cuda_graphs,
         "compile": args.compile,
+        "fast_decode": args.fast_decode,
         "torch_threads": torch.get_num_threads(),
         "warmup_s": warm_s,
         "graphs": graphs,

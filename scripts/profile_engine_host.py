@@ -98,8 +98,10 @@ def kernel_table(eng, batch):
     return f"batch bucket {b}, kv {kv}: {kernels:.0f} kernels per step\n{table}"
 
 
-def run_batch(model, batch, tokens, prompt_len, temperature, profile, device="cpu"):
-    eng = NativeEngine(model=model, device=device, max_num_seqs=batch, max_model_len=prompt_len + tokens + 1)
+def run_batch(model, batch, tokens, prompt_len, temperature, profile, device="cpu", fast_decode=True):
+    eng = NativeEngine(
+        model=model, device=device, max_num_seqs=batch, max_model_len=prompt_len + tokens + 1, fast_decode=fast_decode,
+    )
     timer = Timer()
     runner = eng._runner
     # the model call alone (eager on CPU; on CUDA it is a graph replay)
@@ -182,6 +184,8 @@ def main(argv=None):
     ap.add_argument("--shape", default="tiny", choices=["tiny", "smollm2"], help="smollm2: random SmolLM2-135M-shaped Llama in bf16")
     ap.add_argument("--repeat", type=int, default=1, help="runs per batch size; the fastest is reported")
     ap.add_argument("--kernels", action="store_true", help="CUDA: print the kernels of one decode step per batch")
+    ap.add_argument("--no-fast-decode", dest="fast_decode", action="store_false",
+                    help="decode through the HF forward instead of the runner's FastDecoder (compare both paths)")
     args = ap.parse_args(argv)
     global KERNELS
     KERNELS = args.kernels
@@ -208,7 +212,8 @@ def main(argv=None):
     for b in batches:
         best = None
         for _ in range(args.repeat):
-            row, prof = run_batch(model, b, args.tokens, args.prompt_len, args.temperature, args.cprofile and b == batches[-1], args.device)
+            profile = args.cprofile and b == batches[-1]
+            row, prof = run_batch(model, b, args.tokens, args.prompt_len, args.temperature, profile, args.device, args.fast_decode)
             if best is None or row["step_us"] < best["step_us"]:
                 best = row
             last_prof = prof or last_prof

@@ -100,8 +100,8 @@ class NativeEngine(InferenceEngine):
     Device: "cpu" | "cuda" | "npu" (through verl_async.utils.device; NPU untested here), dtype
     float32 on CPU and bf16 on accelerators unless given. `cuda_graphs` (default on for CUDA)
     replays decode steps per (batch, KV-length bucket of `kv_len_bucket` tokens);
-    `compile_decode` adds torch.compile (opt-in). `check_finite_weights` rejects NaN/Inf
-    tensors in update_weights.
+    `compile_decode` adds torch.compile (opt-in); `fast_decode` (default on) decodes supported
+    models with fewer kernels (runner.py). `check_finite_weights` rejects NaN/Inf in update_weights.
     """
 
     name = "native"
@@ -125,6 +125,7 @@ class NativeEngine(InferenceEngine):
         cuda_graphs: Optional[bool] = None,
         kv_len_bucket: int = 256,
         compile_decode: bool = False,
+        fast_decode: bool = True,
         version: int = 0,
         check_finite_weights: bool = True,
     ) -> None:
@@ -159,6 +160,7 @@ class NativeEngine(InferenceEngine):
             cuda_graphs=cuda_graphs,
             kv_len_bucket=kv_len_bucket,
             compile_decode=compile_decode,
+            fast_decode=fast_decode,
         )
         self.vocab_size = self._runner.vocab_size
         self.eos_token_ids = frozenset(self._eos_ids(model) if eos_token_ids is None else eos_token_ids)
@@ -219,7 +221,7 @@ class NativeEngine(InferenceEngine):
         override_config: Optional[Mapping[str, Any]] = None,
         **overrides: Any,
     ) -> "NativeEngine":
-        """Build from `actor_rollout_ref.rollout` (verl keys) plus `engine_kwargs.native`.
+        """Build from `actor_rollout_ref.rollout` (verl keys) plus `engine_kwargs.native` (e.g. fast_decode).
 
         max_model_len defaults to prompt_length + response_length; `enforce_eager: true`
         turns CUDA graphs off (vLLM's meaning of the key); dtype applies on accelerators only

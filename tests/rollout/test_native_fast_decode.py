@@ -1,0 +1,170 @@
+"""FastDecoder (runner's few-kernel decode step) computes what the HF forward computes, per family.
+
+Tiny random float32 models on CPU: llama (with/without attention bias, llama3 rope scaling, eager
+attention), qwen2 (qkv bias; mixed sliding/full layers), qwen3 (q_norm/k_norm), mistral (sliding
+window). Each runs a prefill, then decode steps through both paths on the same model: logits and
+KV cache contents must agree, with rows at different positions and KV lengths padded (bucketed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from verl_async.rollout.engine import GenerateRequest, SamplingParams
+from verl_async.rollout.native import NativeEngine
+from verl_async.rollout.native.fast_decode import (
+    FastDecoder,
+    fast_decode_problem,
+    rotate_half_matrix,
+    rotation_matrices,
+)
+from verl_async.rollout.native.runner import ModelRunner
+from verl_async.utils.device import resolve
+
+pytestmark = pytest.mark.timeout(120)
+
+SHAPE = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, max_position_embeddings=128, tie_word_embeddings=False,
+)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+FAMILIES = {
+    "llama": (LlamaConfig, {}, "sdpa"),
+    "llama-bias-llama3rope-eager": (
+        LlamaConfig, {"attention_bias": True, "mlp_bias": True, "rope_scaling": LLAMA3_ROPE}, "eager"
+    ),
+    "qwen2": (Qwen2Config, {"tie_word_embeddings": True}, "sdpa"),
+    "qwen2-sliding": (Qwen2Config, {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1,
+                                    "num_hidden_layers": 3}, "sdpa"),
+    "qwen3": (Qwen3Config, {}, "sdpa"),
+    "qwen3-eager": (Qwen3Config, {"num_key_value_heads": 1}, "eager"),
+    "mistral-sliding": (MistralConfig, {"sliding_window": 4}, "sdpa"),
+}
+
+
+def tiny(name: str) -> torch.nn.Module:
+    cls, extra, impl = FAMILIES[name]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cls(**{**SHAPE, **extra}), attn_implementation=impl)
+    with torch.no_grad():  # random non-trivial norm weights and biases (HF initialises them to 1 / 0)
+        for n, p in model.named_parameters():
+            if "norm" in n or n.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval().requires_grad_(False)
+
+
+def runner(model, fast: bool) -> ModelRunner:
+    return ModelRunner(model, device=resolve("cpu"), num_slots=4, slot_len=48, fast_decode=fast)
+
+
+def test_rotation_matrices_match_hf_rotary():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    model = tiny("llama-bias-llama3rope-eager")
+    rotary, dim = model.model.rotary_emb, 16
+    torch.manual_seed(1)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2e-2)):
+        q, k = torch.randn(5, 4, 1, dim, dtype=dtype), torch.randn(5, 2, 1, dim, dtype=dtype)
+        positions = torch.tensor([0, 1, 7, 33, 100])
+        cos, sin = rotary(q[:, 0, 0], positions[:, None])  # [B, 1, D]
+        ref_q, ref_k = apply_rotary_pos_emb(q, k, cos, sin)
+        rot = rotation_matrices(cos, sin, *rotate_half_matrix(dim, dtype, torch.device("cpu")))
+        got_q, got_k = torch.bmm(q[:, :, 0], rot), torch.bmm(k[:, :, 0], rot)
+        assert (got_q.float() - ref_q[:, :, 0].float()).abs().max().item() <= tol
+        assert (got_k.float() - ref_k[:, :, 0].float()).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_fast_decode_matches_hf_forward(family):
+    model = tiny(family)
+    assert fast_decode_problem(model) is None
+    fast, hf = runner(model, True), runner(model, False)
+    assert isinstance(fast._fast, FastDecoder) and hf._fast is None
+    prompts = [[3, 9, 27], [5, 6, 7, 8, 9, 10, 11], [100, 2, 64, 1, 40], [17]]
+    slots = [0, 1, 2, 3]
+    seqs = [list(p) for p in prompts]
+    with torch.inference_mode():
+        first = fast.prefill(prompts, slots).argmax(-1)
+        assert torch.equal(hf.prefill(prompts, slots).argmax(-1), first)
+        for r in (fast, hf):
+            r.set_rows(slots, first, [len(p) for p in prompts])
+        for seq, t in zip(seqs, first.tolist()):
+            seq.append(t)
+        worst = 0.0
+        for step in range(9):
+            rows = 4 if step < 6 else 3  # the last steps decode a smaller batch (rows at different positions)
+            need = int(fast._pos[:rows].max()) + 1
+            # exact KV length, or padded as graph buckets are (16-token buckets; once the whole slot)
+            kv_len = need if step % 2 == 0 else 48 if step == 3 else -(-need // 16) * 16
+            got = fast._forward_decode(fast._ids[:rows], fast._pos[:rows], kv_len)
+            ref = hf._forward_decode(hf._ids[:rows], hf._pos[:rows], kv_len)
+            assert got.dtype == torch.float32 and got.shape == (rows, 128)
+            worst = max(worst, (got - ref).abs().max().item())
+            tokens = ref.argmax(-1)
+            for r in (fast, hf):
+                r.advance(rows, tokens)
+            for seq, t in zip(seqs, tokens.tolist()):
+                seq.append(t)
+        assert worst < 1e-5, worst
+        for a, b in zip(fast.cache.k + fast.cache.v, hf.cache.k + hf.cache.v):
+            assert (a - b).abs().max().item() < 1e-5
+        # and the last step's logits are those of a plain full forward of each row's tokens (no cache)
+        for row in range(3):
+            full = model(torch.tensor([seqs[row][:-1]])).logits[0, -1].float()
+            assert (full - got[row]).abs().max().item() < 1e-4
+
+
+def test_engine_greedy_same_tokens_and_log_probs():
+    model = tiny("llama")
+    prompts = [[5, 9, 30, 41, 7], [100, 3], [17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27], [64]]
+
+    async def generate(eng):
+        try:
+            reqs = [GenerateRequest(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=12 + 3 * i, ignore_eos=True))
+                    for i, p in enumerate(prompts)]
+            return await asyncio.gather(*[eng.generate(r) for r in reqs])
+        finally:
+            await eng.shutdown()
+
+    engines = {
+        True: NativeEngine(model=model, max_num_seqs=3, max_model_len=48),
+        False: NativeEngine.from_config(
+            {"max_num_seqs": 3, "max_model_len": 48, "enforce_eager": True,
+             "engine_kwargs": {"native": {"fast_decode": False}}},
+            model=model,
+        ),
+    }
+    assert engines[True]._runner._fast is not None and engines[False]._runner._fast is None
+    out = {k: asyncio.run(asyncio.wait_for(generate(e), 60)) for k, e in engines.items()}
+    for a, b in zip(out[True], out[False]):
+        assert a.ok and b.ok and a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs)) < 1e-5
+
+
+def test_fast_decode_problem_names_unsupported_models(caplog):
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    assert "gpt2" in fast_decode_problem(gpt2)
+    torch.manual_seed(0)
+    tp2 = AutoModelForCausalLM.from_config(LlamaConfig(**{**SHAPE, "pretraining_tp": 2}), attn_implementation="sdpa")
+    assert "pretraining_tp" in fast_decode_problem(tp2)
+    with caplog.at_level(logging.INFO, logger="verl_async.rollout.native.runner"):
+        assert runner(tp2.eval(), True)._fast is None
+    assert any("fast decode off" in r.getMessage() and "pretraining_tp" in r.getMessage() for r in caplog.records)
+    partial = tiny("llama")
+    partial.model.rotary_emb.inv_freq = partial.model.rotary_emb.inv_freq[:4].clone()  # rotary dim 8 < head_dim 16
+    assert "partial rotary" in fast_decode_problem(partial)
+    with pytest.raises(ValueError, match="fast decode"):
+        FastDecoder(gpt2, runner(tiny("llama"), False).cache, ["full_attention"])

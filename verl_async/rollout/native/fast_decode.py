@@ -1,0 +1,271 @@
+"""A decode step with few kernels for Llama-like HF models (llama, mistral, qwen2, qwen3).
+
+Why: a decode step is one new token per row, so every tensor is tiny and the step time on a
+GPU is the number of kernels (~1.5-3.5 us each), not bandwidth. The HF forward spends ~43
+kernels per layer on generic machinery (transposes, `repeat_kv`/`contiguous` copies,
+`rotate_half` cats, the RMSNorm's 6 elementwise ops, the mask plumbing). `FastDecoder`
+computes the same numbers from the same modules and weights (float32: within ~1e-6; bf16: a few
+ops round once where HF rounds twice, differences at bf16 rounding level) in ~17 kernels per
+layer (expected on CUDA; `scripts/profile_engine_host.py --kernels` counts them):
+
+    rms_norm (1) | q, k, v projections (3) | [qwen3: q_norm, k_norm (2)] |
+    rotary as one batched matmul per tensor (2) | K, V written into the cache (2) |
+    SDPA over the KV heads, GQA without repeating K/V (1) + output to [B, Hq*D] (1) |
+    o_proj fused with the residual add (1) | rms_norm (1) |
+    gate, up (2) + act (1) + mul (1) | down_proj fused with the residual add (1)
+
+It reads the modules' parameters at call time (in-place weight updates are seen, captured CUDA
+graphs stay valid), allocates nothing but op outputs, never syncs with the host and has static
+shapes per (batch, kv_len), so it runs inside CUDA graph capture and torch.compile. It never
+calls the HF decoder layers: anything those would add (hooks, output recording) is skipped,
+which is why `fast_decode_problem` only admits the structure it knows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from verl_async.rollout.native.kv_cache import SlotKVCache
+
+FAST_DECODE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+FAST_DECODE_ATTENTION = ("sdpa", "eager")
+
+_ATTN_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP_PARTS = ("gate_proj", "up_proj", "down_proj", "act_fn")
+
+
+def _norm_eps(norm: torch.nn.Module) -> Optional[float]:
+    """The epsilon of an HF RMSNorm (`variance_epsilon` in llama/mistral/qwen2/qwen3, `eps` elsewhere)."""
+    eps = getattr(norm, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(norm, "eps", None)
+    return None if eps is None else float(eps)
+
+
+def _norm_problem(norm: Optional[torch.nn.Module], name: str) -> Optional[str]:
+    if norm is None:
+        return f"no {name}"
+    weight = getattr(norm, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
+        return f"{name} has no 1-D weight"
+    if _norm_eps(norm) is None:
+        return f"{name} has no variance_epsilon/eps"
+    return None
+
+
+def fast_decode_problem(model: torch.nn.Module) -> Optional[str]:
+    """None when `FastDecoder` computes exactly what this model's HF forward computes, else why not (one line)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAST_DECODE_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {sorted(FAST_DECODE_MODEL_TYPES)}"
+    if (getattr(config, "pretraining_tp", 1) or 1) != 1:
+        return f"pretraining_tp={config.pretraining_tp} (sliced projections) is not supported"
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in FAST_DECODE_ATTENTION:
+        return f"attention implementation {impl!r} is not one of {FAST_DECODE_ATTENTION}"
+    inner = getattr(model, "model", None)
+    for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
+        if getattr(inner, name, None) is None:
+            return f"model.model.{name} is missing"
+    if getattr(model, "lm_head", None) is None:
+        return "model.lm_head is missing"
+    problem = _norm_problem(inner.norm, "model.model.norm")
+    if problem:
+        return problem
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    num_layers = getattr(config, "num_hidden_layers", None)
+    if not heads or not num_layers or heads % kv_heads:
+        return f"unexpected head counts (heads {heads}, kv heads {kv_heads}) or layer count {num_layers}"
+    layers = list(inner.layers)[:num_layers]
+    if len(layers) != num_layers:
+        return f"model.model.layers has {len(layers)} layers, config says {num_layers}"
+    head_dim = None
+    for i, layer in enumerate(layers):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        for owner, what, names in ((attn, "self_attn", _ATTN_LINEARS), (mlp, "mlp", _MLP_PARTS)):
+            missing = [n for n in names if getattr(owner, n, None) is None]
+            if missing:
+                return f"layer {i}: {what} lacks {missing}"
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            problem = _norm_problem(getattr(layer, name, None), f"layer {i} {name}")
+            if problem:
+                return problem
+        if not isinstance(getattr(attn, "scaling", None), (int, float)) or not getattr(attn, "head_dim", None):
+            return f"layer {i}: self_attn lacks a numeric `scaling` or `head_dim`"
+        head_dim = head_dim or int(attn.head_dim)
+        if int(attn.head_dim) != head_dim:
+            return f"layer {i}: head_dim {attn.head_dim} differs from layer 0's {head_dim}"
+        has_q, has_k = getattr(attn, "q_norm", None) is not None, getattr(attn, "k_norm", None) is not None
+        if model_type == "qwen3" and not (has_q and has_k):
+            return f"layer {i}: qwen3 self_attn lacks q_norm/k_norm"
+        if has_q != has_k:
+            return f"layer {i}: self_attn has only one of q_norm/k_norm"
+        for name in ("q_norm", "k_norm") if has_q else ():
+            problem = _norm_problem(getattr(attn, name), f"layer {i} {name}")
+            if problem:
+                return problem
+    inv_freq = getattr(inner.rotary_emb, "inv_freq", None)
+    if not isinstance(inv_freq, torch.Tensor) or 2 * inv_freq.numel() != head_dim:
+        # these families' apply_rotary_pos_emb rotates the whole head: a shorter table (partial_rotary_factor < 1)
+        # is a configuration their HF forward does not support either
+        rotary = None if not isinstance(inv_freq, torch.Tensor) else 2 * inv_freq.numel()
+        return f"rotary dimension {rotary} is not head_dim {head_dim} (partial rotary is not supported)"
+    return None
+
+
+class _Layer(NamedTuple):
+    """The modules of one decoder layer the fast step reads (parameters are read at call time)."""
+
+    input_norm: torch.nn.Module
+    post_norm: torch.nn.Module
+    q_proj: torch.nn.Module
+    k_proj: torch.nn.Module
+    v_proj: torch.nn.Module
+    o_proj: torch.nn.Module
+    q_norm: Optional[torch.nn.Module]
+    k_norm: Optional[torch.nn.Module]
+    gate_proj: torch.nn.Module
+    up_proj: torch.nn.Module
+    down_proj: torch.nn.Module
+    act_fn: torch.nn.Module
+    scaling: float
+    eps_in: float
+    eps_post: float
+    eps_qk: float
+
+
+def _rms_norm(x: torch.Tensor, norm: torch.nn.Module, eps: float) -> torch.Tensor:
+    """HF RMSNorm as one op (one fused kernel on CUDA); in bf16 it rounds once where HF rounds twice."""
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+
+
+def _add_linear_(x: torch.Tensor, linear: torch.nn.Module, inp: torch.Tensor) -> torch.Tensor:
+    """x += linear(inp), in place: one GEMM with beta=1 (residual add fused) for a plain bias-free Linear."""
+    if type(linear) is torch.nn.Linear and linear.bias is None:
+        return x.addmm_(inp, linear.weight.t())
+    return x.add_(linear(inp))
+
+
+def rotation_matrices(cos: torch.Tensor, sin: torch.Tensor, eye: torch.Tensor, swap: torch.Tensor) -> torch.Tensor:
+    """Per-row RoPE as a [B, D, D] matrix R, so that x @ R == x * cos + rotate_half(x) * sin (HF's formula).
+
+    cos, sin: [B, 1, D] (HF's rotary embedding of one position per row); eye: identity [D, D]; swap: the signed
+    permutation of rotate_half (swap[j + D/2, j] = -1, swap[j, j + D/2] = 1). Built once per step; then each
+    of q and k is rotated by one batched matmul instead of ~5 elementwise kernels.
+    """
+    return torch.addcmul(eye * cos, swap, sin)
+
+
+def rotate_half_matrix(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(identity, signed rotate_half permutation) [D, D] for `rotation_matrices`: x @ swap == rotate_half(x)."""
+    half = head_dim // 2
+    eye = torch.eye(head_dim, dtype=dtype, device=device)
+    swap = torch.zeros(head_dim, head_dim, dtype=dtype, device=device)
+    idx = torch.arange(half, device=device)
+    swap[idx + half, idx] = -1.0  # out[j] = -x[j + D/2] for j < D/2
+    swap[idx, idx + half] = 1.0  # out[j + D/2] = x[j]
+    return eye, swap
+
+
+class FastDecoder:
+    """One decode step (one new token per row) of a supported model, writing its K/V into a SlotKVCache.
+
+    Row b of the batch is slot b; its new token goes to position positions[b] and it attends to keys
+    [0, kv_len) of its slot under the additive (or bool) mask `decode_masks` built.
+    """
+
+    def __init__(self, model: torch.nn.Module, cache: SlotKVCache, layer_types: list[str]) -> None:
+        problem = fast_decode_problem(model)
+        if problem is not None:
+            raise ValueError(f"fast decode: {problem}")
+        config, inner = model.config, model.model
+        self.cache = cache
+        self.layer_types = list(layer_types)
+        self.embed_tokens = inner.embed_tokens
+        self.rotary_emb = inner.rotary_emb
+        self.norm, self.norm_eps = inner.norm, _norm_eps(inner.norm)
+        self.lm_head = model.lm_head
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
+        self.groups = self.num_heads // self.num_kv_heads
+        self.layers: list[_Layer] = []
+        for layer in list(inner.layers)[: config.num_hidden_layers]:
+            attn, mlp = layer.self_attn, layer.mlp
+            q_norm = getattr(attn, "q_norm", None)
+            self.layers.append(
+                _Layer(
+                    input_norm=layer.input_layernorm,
+                    post_norm=layer.post_attention_layernorm,
+                    q_proj=attn.q_proj,
+                    k_proj=attn.k_proj,
+                    v_proj=attn.v_proj,
+                    o_proj=attn.o_proj,
+                    q_norm=q_norm,
+                    k_norm=getattr(attn, "k_norm", None),
+                    gate_proj=mlp.gate_proj,
+                    up_proj=mlp.up_proj,
+                    down_proj=mlp.down_proj,
+                    act_fn=mlp.act_fn,
+                    scaling=float(attn.scaling),
+                    eps_in=_norm_eps(layer.input_layernorm),
+                    eps_post=_norm_eps(layer.post_attention_layernorm),
+                    eps_qk=_norm_eps(q_norm) if q_norm is not None else 0.0,
+                )
+            )
+        self.head_dim = int(inner.layers[0].self_attn.head_dim)  # equal in every layer (fast_decode_problem)
+        k0 = cache.k[0]
+        if len(self.layers) != len(cache.k) or k0.shape[1] != self.num_kv_heads or k0.shape[3] != self.head_dim:
+            raise ValueError("fast decode: the KV cache does not match the model's layers / KV heads / head_dim")
+        if len(self.layer_types) != len(self.layers):
+            raise ValueError(f"fast decode: {len(self.layer_types)} layer types for {len(self.layers)} layers")
+        weight = self.embed_tokens.weight
+        self._eye, self._swap = rotate_half_matrix(self.head_dim, weight.dtype, weight.device)
+
+    def __call__(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        masks: Union[torch.Tensor, dict[str, torch.Tensor]],
+        kv_len: int,
+    ) -> torch.Tensor:
+        """[B] token ids at [B] positions -> [B, V] float32 logits; K/V of the new tokens land in the cache."""
+        batch, heads, kv_heads, dim = ids.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        cache = self.cache
+        rows = cache.rows[:batch]
+        x = self.embed_tokens(ids)  # [B, hidden]; fresh, so the residual stream is updated in place below
+        cos, sin = self.rotary_emb(x, positions[:, None])  # [B, 1, D], every rope_scaling type, once per step
+        rot = rotation_matrices(cos, sin, self._eye, self._swap)  # [B, D, D]
+        for i, layer in enumerate(self.layers):
+            mask = masks[self.layer_types[i]] if isinstance(masks, dict) else masks
+            h = _rms_norm(x, layer.input_norm, layer.eps_in)
+            q = layer.q_proj(h).view(batch, heads, dim)
+            k = layer.k_proj(h).view(batch, kv_heads, dim)
+            v = layer.v_proj(h).view(batch, kv_heads, dim)
+            if layer.q_norm is not None:  # qwen3: RMSNorm over head_dim per head, before rotary
+                q = _rms_norm(q, layer.q_norm, layer.eps_qk)
+                k = _rms_norm(k, layer.k_norm, layer.eps_qk)
+            q = torch.bmm(q, rot)
+            k = torch.bmm(k, rot)
+            k_cache, v_cache = cache.k[i], cache.v[i]
+            k_cache[rows, :, positions] = k
+            v_cache[rows, :, positions] = v
+            # GQA without repeat_kv: the G query heads of a KV head are SDPA's "query length" for that head
+            # (query head h reads KV head h // G, as repeat_kv does); the [B,1,1,L] mask broadcasts over both
+            attn = F.scaled_dot_product_attention(
+                q.view(batch, kv_heads, self.groups, dim),
+                k_cache[:batch, :, :kv_len],
+                v_cache[:batch, :, :kv_len],
+                attn_mask=mask,
+                scale=layer.scaling,
+            )
+            x = _add_linear_(x, layer.o_proj, attn.reshape(batch, heads * dim))
+            h = _rms_norm(x, layer.post_norm, layer.eps_post)
+            m = layer.act_fn(layer.gate_proj(h)).mul_(layer.up_proj(h))
+            x = _add_linear_(x, layer.down_proj, m)
+        return self.lm_head(_rms_norm(x, self.norm, self.norm_eps)).float()
+
