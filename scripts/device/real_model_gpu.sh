@@ -168,6 +168,9 @@ PY
     engineprof)  # where a native decode step's time goes on the GPU: host split, graph replay, kernels; then torch.compile
       { timeout 180 python3 scripts/profile_engine_host.py --device cuda --shape smollm2 --batches 1,8,32,64 \
           --tokens 192 --repeat 2 --kernels
+        echo "=== the same through the HF forward (--no-fast-decode)"
+        timeout 120 python3 scripts/profile_engine_host.py --device cuda --shape smollm2 --batches 1,64 \
+          --tokens 192 --repeat 2 --kernels --no-fast-decode
         dir=$(python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('$MODEL'))")
         timeout "${COMPILE_LIMIT:-240}" python3 scripts/bench_engine.py --device cuda --model "$dir" --median-len 128 \
           --max-len 256 --batches 1,16,64,128 --prompt-len 128 --no-hf --compile --out "$STORE/engine_compile.json"
