@@ -367,3 +367,16 @@ def test_choice_lists_match_the_implementations():
 def test_validate_accepts_a_plain_dict():
     cfg = OmegaConf.to_container(compose(FSDP), resolve=True)
     assert validate(cfg).actor_rollout_ref.rollout.n == 8
+
+
+def test_auto_sync_transport_picks_cuda_ipc_only_where_it_applies():
+    one_gpu = ["trainer.device=cuda", "rollout.colocate=true"]
+    assert check([]).async_training.sync_transport == "object_store"  # the CPU demo
+    assert check(one_gpu).async_training.sync_transport == "cuda_ipc"
+    assert check(one_gpu + ["actor_rollout_ref.rollout.name=vllm"]).async_training.sync_transport == "object_store"
+    assert check(one_gpu, MEGATRON).async_training.sync_transport == "object_store"
+    two = ["trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2"]
+    assert check(one_gpu + two).async_training.sync_transport == "object_store"
+    assert check(["trainer.device=cuda"]).async_training.sync_transport == "object_store"  # separate GPUs
+    # an explicit choice is kept as given
+    assert check(one_gpu + ["async_training.sync_transport=object_store"]).async_training.sync_transport == "object_store"

@@ -60,3 +60,14 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
     """The trainer recomputes old log-probs unless it uses the rollout's (bypass mode)."""
     at = cfg.async_training
     return bool(not at.use_rollout_log_probs or at.compute_prox_log_prob)
+
+
+def auto_sync_transport(cfg: Any) -> str:
+    """`sync_transport=auto`: cuda_ipc where it applies (one colocated native replica beside an FSDP2
+    trainer on CUDA: no host copy, 0.12 s instead of 1.0-1.2 s per sync of a 135M model on an H100),
+    else object_store (every device and layout). Collective transports stay an explicit choice."""
+    rollout = cfg.actor_rollout_ref.rollout
+    ipc = (cfg.trainer.device == "cuda" and bool(cfg.rollout.colocate) and rollout.name == "native"
+           and cfg.actor_rollout_ref.actor.strategy != "megatron" and cfg.rollout.n_gpus_per_node == 1
+           and int(rollout.tensor_model_parallel_size or 1) == 1)
+    return "cuda_ipc" if ipc else "object_store"

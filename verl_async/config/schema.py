@@ -34,7 +34,7 @@ TRUNCATIONS = ("error", "left", "right", "middle")
 DEVICES = ("cuda", "npu", "cpu")  # == verl_async.utils.device.DEVICE_KINDS (not imported: it pulls in torch)
 RESUME_MODES = ("auto", "disable", "resume_path")
 STRATEGIES = ("fsdp", "fsdp2", "megatron")  # fsdp (verl's FSDP1) runs as fsdp2
-SYNC_TRANSPORTS = ("object_store", "nccl", "hccl", "gloo", "cuda_ipc")
+SYNC_TRANSPORTS = ("auto", "object_store", "nccl", "hccl", "gloo", "cuda_ipc")
 REWARD_MANAGERS = ("naive", "dapo")
 LR_SCHEDULERS = ("constant", "cosine")
 MEGATRON_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")

@@ -158,6 +158,10 @@ def _normalize(cfg: DictConfig) -> None:
     for side in ("clip_ratio_low", "clip_ratio_high"):
         if actor[side] is None:
             actor[side] = actor.clip_ratio
+    if cfg.async_training.sync_transport == "auto":
+        from verl_async.config.derived import auto_sync_transport
+
+        cfg.async_training.sync_transport = auto_sync_transport(cfg)
     if isinstance(cfg.trainer.logger, str):
         cfg.trainer.logger = [cfg.trainer.logger]
     elif not isinstance(cfg.trainer.logger, (list, ListConfig)):
