@@ -168,3 +168,47 @@ def test_fast_decode_problem_names_unsupported_models(caplog):
     assert "partial rotary" in fast_decode_problem(partial)
     with pytest.raises(ValueError, match="fast decode"):
         FastDecoder(gpt2, runner(tiny("llama"), False).cache, ["full_attention"])
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama-bias-llama3rope-eager"])
+def test_fused_projections_are_the_modules_parameters_and_follow_weight_updates(family):
+    from verl_async.rollout.native.weights import WeightLoader
+
+    model = tiny(family)
+    count = sum(p.numel() for p in model.parameters())
+    fast = runner(model, True)
+    layer, attn, mlp = fast._fast.layers[0], model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert layer.qkv is not None and layer.gate_up is not None
+    assert sum(p.numel() for p in model.parameters()) == count  # nothing duplicated
+
+    def inside(param, buffer):
+        start = buffer.data_ptr()
+        end = start + buffer.numel() * buffer.element_size()
+        return start <= param.data_ptr() < end
+
+    for module in (attn.q_proj, attn.k_proj, attn.v_proj):
+        assert inside(module.weight, layer.qkv.weight)
+        assert module.bias is None or inside(module.bias, layer.qkv.bias)
+    assert inside(mlp.gate_proj.weight, layer.gate_up.weight) and inside(mlp.up_proj.weight, layer.gate_up.weight)
+    address = layer.qkv.weight.data_ptr()
+    # a refit by name (the engine's loader) changes the fused step exactly as it changes the HF forward
+    torch.manual_seed(3)
+    update = {name: torch.randn_like(p) for name, p in model.named_parameters()
+              if any(k in name for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))}
+    assert WeightLoader(model).load([update]) == len(update)
+    assert layer.qkv.weight.data_ptr() == address
+    hf = runner(model, False)
+    with torch.inference_mode():
+        for r in (fast, hf):
+            first = r.prefill([[3, 9, 27], [5, 6]], [0, 1]).argmax(-1)
+            r.set_rows([0, 1], first, [3, 2])
+        got = fast._forward_decode(fast._ids[:2], fast._pos[:2], 4)
+        ref = hf._forward_decode(hf._ids[:2], hf._pos[:2], 4)
+    assert (got - ref).abs().max().item() < 1e-5
+
+
+def test_fuse_projections_off_keeps_separate_parameters():
+    model = tiny("qwen3")
+    q_before = model.model.layers[0].self_attn.q_proj.weight
+    fast = FastDecoder(model, runner(tiny("qwen3"), False).cache, ["full_attention"] * 2, fuse_projections=False)
+    assert fast.layers[0].qkv is None and model.model.layers[0].self_attn.q_proj.weight is q_before
