@@ -28,6 +28,7 @@
 #   wait:SECONDS     wait for the queue (at most SECONDS), then copy what finished since the last wait to $OUT
 # Each run: $STORE/NAME.tar.gz (console.log, tensorboard/, timeline.jsonl/.html, rollout/, config.yaml).
 # STEPS (default 32 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (1e-5), PROMPT_LEN override;
+# MICRO_TOKENS (ppo_max_token_len_per_gpu, 16384), TRAIN_EXTRA (more key=value overrides), RUN_TAG (run name suffix);
 # train:vllm-MODE-SEED or ENGINE=vllm (runs named vllm-MODE-SEED; needs the vLLM parts .carry/p1 .carry/p2 from prepare_vllm.sh,
 # stashed like the model's) with VLLM_MEM (gpu_memory_utilization, default 0.3).
 set -uo pipefail
@@ -49,7 +50,7 @@ LR=${LR:-1e-5}
 status=0
 
 train() {  # train [vllm-]MODE SEED
-  local mode=$1 seed=$2 name="$1-$2" extra data=$DATA plen=${PROMPT_LEN:-256} resp=256 steps=$STEPS layout vllm=0
+  local mode=$1 seed=$2 name="$1-$2${RUN_TAG:+-$RUN_TAG}" extra data=$DATA plen=${PROMPT_LEN:-256} resp=256 steps=$STEPS layout vllm=0
   local ipc=0
   if [ "${mode#vllm-}" != "$mode" ]; then mode=${mode#vllm-} vllm=1; fi
   if [ "${mode#ipc-}" != "$mode" ]; then mode=${mode#ipc-} ipc=1; fi  # colocated weights through CUDA IPC
@@ -84,7 +85,7 @@ train() {  # train [vllm-]MODE SEED
     actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.rollout.max_num_seqs=256 \
     actor_rollout_ref.rollout.seed=$seed \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.optim.lr=$LR \
-    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=${MICRO_TOKENS:-16384} ${TRAIN_EXTRA:-} \
     actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     async_training.use_rollout_log_probs=false actor_rollout_ref.actor.rollout_correction.enable=true \
