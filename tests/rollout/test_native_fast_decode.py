@@ -170,34 +170,100 @@ def test_fast_decode_problem_names_unsupported_models(caplog):
         FastDecoder(gpt2, runner(tiny("llama"), False).cache, ["full_attention"])
 
 
+FUSED = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+
+
+def inside(param: torch.Tensor, buffer: torch.Tensor) -> bool:
+    start = buffer.data_ptr()
+    return start <= param.data_ptr() < start + buffer.numel() * buffer.element_size()
+
+
+def refit_and_compare(model, fast_runners, seed: int) -> None:
+    """A WeightLoader refit of every q/k/v/gate/up weight (and bias) changes each fast step as it changes HF's."""
+    from verl_async.rollout.native.weights import WeightLoader
+
+    def addresses() -> list[int]:
+        return [f.weight.data_ptr() for r in fast_runners for l in r._fast.layers for f in (l.qkv, l.gate_up) if f]
+
+    before = addresses()
+    torch.manual_seed(seed)
+    update = {name: torch.randn_like(p) for name, p in model.named_parameters() if any(k in name for k in FUSED)}
+    assert WeightLoader(model).load([update]) == len(update)
+    assert addresses() == before  # refits land in the fused buffers, which stay where graphs captured them
+    hf = runner(model, False)
+    with torch.inference_mode():
+        for r in (*fast_runners, hf):
+            first = r.prefill([[3, 9, 27], [5, 6]], [0, 1]).argmax(-1)
+            r.set_rows([0, 1], first, [3, 2])
+        ref = hf._forward_decode(hf._ids[:2], hf._pos[:2], 4)
+        for r in fast_runners:
+            got = r._forward_decode(r._ids[:2], r._pos[:2], 4)
+            assert (got - ref).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize("family", ["qwen2", "llama-bias-llama3rope-eager"])
 def test_fused_projections_are_the_modules_parameters_and_follow_weight_updates(family):
-    from verl_async.rollout.native.weights import WeightLoader
+    import gc
+    import weakref
 
     model = tiny(family)
     count = sum(p.numel() for p in model.parameters())
+    old = weakref.ref(model.model.layers[0].self_attn.q_proj.weight)
     fast = runner(model, True)
-    layer, attn, mlp = fast._fast.layers[0], model.model.layers[0].self_attn, model.model.layers[0].mlp
-    assert layer.qkv is not None and layer.gate_up is not None
+    gc.collect()
+    assert old() is None  # the separate tensors are gone (no double memory)
     assert sum(p.numel() for p in model.parameters()) == count  # nothing duplicated
+    for layer, hf_layer in zip(fast._fast.layers, model.model.layers):
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        assert layer.qkv is not None and layer.gate_up is not None
+        for module in (attn.q_proj, attn.k_proj, attn.v_proj):
+            assert inside(module.weight, layer.qkv.weight)
+            assert module.bias is None or inside(module.bias, layer.qkv.bias)
+        for module in (mlp.gate_proj, mlp.up_proj):
+            assert inside(module.weight, layer.gate_up.weight)
+            assert module.bias is None or inside(module.bias, layer.gate_up.bias)
+    refit_and_compare(model, [fast], seed=3)
 
-    def inside(param, buffer):
-        start = buffer.data_ptr()
-        end = start + buffer.numel() * buffer.element_size()
-        return start <= param.data_ptr() < end
 
-    for module in (attn.q_proj, attn.k_proj, attn.v_proj):
-        assert inside(module.weight, layer.qkv.weight)
-        assert module.bias is None or inside(module.bias, layer.qkv.bias)
-    assert inside(mlp.gate_proj.weight, layer.gate_up.weight) and inside(mlp.up_proj.weight, layer.gate_up.weight)
-    address = layer.qkv.weight.data_ptr()
-    # a refit by name (the engine's loader) changes the fused step exactly as it changes the HF forward
-    torch.manual_seed(3)
-    update = {name: torch.randn_like(p) for name, p in model.named_parameters()
-              if any(k in name for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))}
-    assert WeightLoader(model).load([update]) == len(update)
-    assert layer.qkv.weight.data_ptr() == address
-    hf = runner(model, False)
+def test_second_fast_decoder_on_one_model_shares_the_fused_buffers():
+    # fusing again would move the parameters to a new buffer: the first decoder would miss refits
+    model = tiny("qwen2")
+    a, b = runner(model, True), runner(model, True)
+    for la, lb in zip(a._fast.layers, b._fast.layers):
+        assert la.qkv.weight.data_ptr() == lb.qkv.weight.data_ptr()
+        assert la.qkv.bias.data_ptr() == lb.qkv.bias.data_ptr()
+        assert la.gate_up.weight.data_ptr() == lb.gate_up.weight.data_ptr()
+    refit_and_compare(model, [a, b], seed=4)
+
+
+def test_fused_buffers_built_under_inference_mode_take_refits_outside_it():
+    model = tiny("llama")
+    with torch.inference_mode():
+        fast = runner(model, True)
+    assert not fast._fast.layers[0].qkv.weight.is_inference()
+    refit_and_compare(model, [fast], seed=5)
+
+
+def test_partial_qkv_bias_leaves_that_layer_unfused():
+    model = tiny("llama-bias-llama3rope-eager")
+    model.model.layers[1].self_attn.v_proj.bias = None  # q, k with bias, v without: no fused bias
+    k_before = model.model.layers[1].self_attn.k_proj.weight
+    fast = runner(model, True)
+    assert fast._fast.layers[0].qkv is not None and fast._fast.layers[1].qkv is None
+    assert fast._fast.layers[1].gate_up is not None
+    assert model.model.layers[1].self_attn.k_proj.weight is k_before
+    refit_and_compare(model, [fast], seed=6)
+
+
+def test_fuse_projections_off_keeps_separate_parameters():
+    model = tiny("qwen3")
+    count = sum(p.numel() for p in model.parameters())
+    q_before = model.model.layers[0].self_attn.q_proj.weight
+    fast, hf = runner(model, False), runner(model, False)
+    fast._fast = FastDecoder(model, fast.cache, fast.layer_types, fuse_projections=False)
+    assert all(layer.qkv is None and layer.gate_up is None for layer in fast._fast.layers)
+    assert model.model.layers[0].self_attn.q_proj.weight is q_before
+    assert sum(p.numel() for p in model.parameters()) == count
     with torch.inference_mode():
         for r in (fast, hf):
             first = r.prefill([[3, 9, 27], [5, 6]], [0, 1]).argmax(-1)
@@ -205,10 +271,3 @@ def test_fused_projections_are_the_modules_parameters_and_follow_weight_updates(
         got = fast._forward_decode(fast._ids[:2], fast._pos[:2], 4)
         ref = hf._forward_decode(hf._ids[:2], hf._pos[:2], 4)
     assert (got - ref).abs().max().item() < 1e-5
-
-
-def test_fuse_projections_off_keeps_separate_parameters():
-    model = tiny("qwen3")
-    q_before = model.model.layers[0].self_attn.q_proj.weight
-    fast = FastDecoder(model, runner(tiny("qwen3"), False).cache, ["full_attention"] * 2, fuse_projections=False)
-    assert fast.layers[0].qkv is None and model.model.layers[0].self_attn.q_proj.weight is q_before

@@ -153,27 +153,57 @@ class FusedLinear(NamedTuple):
     sizes: list[int]
 
 
+def _row_blocks_view(tensors: list[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The one buffer `tensors` already are consecutive row blocks of (an earlier `fuse_linears`), else None.
+
+    Why: a second FastDecoder on the same model must share the first one's buffer; fusing again would move the
+    parameters to a new buffer and leave the first decoder reading weights that refits no longer reach.
+    """
+    first = tensors[0]
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for t in tensors:
+        if not t.is_contiguous() or t.untyped_storage().data_ptr() != storage or t.storage_offset() != offset:
+            return None
+        offset += t.numel()
+    rows = sum(t.shape[0] for t in tensors)
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
+
+
 def fuse_linears(linears: list[torch.nn.Module]) -> Optional[FusedLinear]:
     """Re-point the layers' parameters at row blocks of one new buffer, so that one GEMM serves them all.
 
     Why views: everything that writes weights by name (the engine's WeightLoader, `load_state_dict`,
     `param.copy_`) then writes into the fused buffer, whose address never changes (captured CUDA graphs
     stay valid), and the memory is the same as before (the separate tensors are freed). None, with the
-    layers untouched, when they are not all plain Linear layers that all have, or all lack, a bias.
+    layers untouched, when they are not all plain Linear layers of one dtype, device and input width that
+    all have, or all lack, a bias. Layers fused before (another FastDecoder on this model) keep their buffer.
     """
     if any(type(layer) is not torch.nn.Linear for layer in linears):
         return None
+    weights = [layer.weight for layer in linears]
+    w0 = weights[0]
+    if any(w.dtype != w0.dtype or w.device != w0.device or w.shape[1:] != w0.shape[1:] for w in weights):
+        return None  # torch.cat would promote or fail: leave such layers unfused
     with_bias = [layer.bias is not None for layer in linears]
     if any(with_bias) and not all(with_bias):
         return None
+    biases = [layer.bias for layer in linears] if all(with_bias) else []
+    if any(b.dtype != w0.dtype or b.device != w0.device for b in biases):
+        return None
     sizes = [layer.out_features for layer in linears]
-    weight = torch.cat([layer.weight.detach() for layer in linears])
-    bias = torch.cat([layer.bias.detach() for layer in linears]) if all(with_bias) else None
-    for layer, w_view, b_view in zip(linears, weight.split(sizes), bias.split(sizes) if bias is not None else
-                                     [None] * len(linears)):
-        layer.weight = torch.nn.Parameter(w_view, requires_grad=False)
-        if b_view is not None:
-            layer.bias = torch.nn.Parameter(b_view, requires_grad=False)
+    weight = _row_blocks_view(weights)
+    bias = _row_blocks_view(biases) if biases else None
+    if weight is not None and (bias is not None or not biases):
+        return FusedLinear(weight, bias, sizes)  # already fused: share that buffer
+    # a normal tensor even when built under inference_mode: refits (`param.copy_`) must work outside it
+    with torch.inference_mode(False), torch.no_grad():
+        weight = torch.cat([w.detach() for w in weights])
+        bias = torch.cat([b.detach() for b in biases]) if biases else None
+        bias_views = bias.split(sizes) if bias is not None else [None] * len(linears)
+        for layer, w_view, b_view in zip(linears, weight.split(sizes), bias_views):
+            layer.weight = torch.nn.Parameter(w_view, requires_grad=False)
+            if b_view is not None:
+                layer.bias = torch.nn.Parameter(b_view, requires_grad=False)
     return FusedLinear(weight, bias, sizes)
 
 

@@ -10,7 +10,8 @@ compute-bound and its shapes vary). `compile_decode` additionally runs the decod
 through torch.compile (inside the graphs on CUDA). NPU runs eager (torch_npu graph mode is
 not wired; NPU is untested here). `fast_decode` (default on) runs the decode step of
 llama/mistral/qwen2/qwen3 models through fast_decode.FastDecoder (same numbers from the same
-weights, ~17 instead of ~43 kernels per layer expected on CUDA); other models decode through the HF forward.
+weights, ~14 instead of ~43 kernels per layer expected on CUDA, q/k/v and gate/up as one GEMM each); other
+models decode through the HF forward.
 """
 
 from __future__ import annotations
