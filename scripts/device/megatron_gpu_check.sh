@@ -15,11 +15,7 @@ OUT=${OUT:-/tmp/megatron_gpu_check}; mkdir -p "$OUT"
 START=$(date +%s)
 left() { echo $((570 - ($(date +%s) - START))); }
 bash scripts/device/install_on_device.sh base >/dev/null || { echo "wheel install failed"; exit 1; }
-if ! ls .whl/megatron_core-*.whl >/dev/null 2>&1 && ls /root/.carry/megatron_core-*.whl >/dev/null 2>&1; then
-  # the wheel came in a stash call (.carry/mc): the call that carries .whl had no room for it
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/.carry/megatron_core-*.whl \
-    || { echo "megatron-core install failed"; exit 1; }
-fi
+bash scripts/device/install_on_device.sh megatron >/dev/null || { echo "megatron-core install failed"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 - <<'PY' 2>&1 | tee "$OUT/versions.txt"

@@ -200,12 +200,9 @@ PY
           > "$STORE/trainbench/train_bench_$variant.log" 2>&1 || status=1
         tail -n 30 "$STORE/trainbench/train_bench_$variant.log"
       done
-      # third: the Megatron trainer (TP=1) on the same model and batches (rows right-padded: --attn/--layouts are
-      # FSDP-only); megatron-core is in /tmp/site once the megatron phase has run (.carry/mc stashed)
-      # megatron-core from the stash (.carry/mc) when the megatron phase did not run in this machine's life
-      if ! python3 -c "import megatron.core" 2>/dev/null && ls /root/.carry/megatron_core-*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/.carry/megatron_core-*.whl
-      fi
+      # then the Megatron trainer (TP=1) on the same model and batches (rows right-padded: --attn/--layouts are
+      # FSDP-only), when megatron-core can be installed (.whl or a stashed .carry/mc)
+      [ "${TRAINBENCH_MEGATRON:-1}" = 0 ] || bash scripts/device/install_on_device.sh megatron || true
       if [ "${TRAINBENCH_MEGATRON:-1}" = 0 ]; then
         echo "trainbench: Megatron run skipped (TRAINBENCH_MEGATRON=0)"
       elif python3 -c "import megatron.core" 2>/dev/null; then
