@@ -257,28 +257,9 @@ def sync_transport(cfg: DictConfig) -> None:
             "async_training.sync_transport",
             f"{transport} needs trainer.device={needs}, got {device}; use object_store (works on every device)",
         )
-    if transport == "cuda_ipc":
-        _cuda_ipc(cfg)
-
-
-def _cuda_ipc(cfg: DictConfig) -> None:
-    """cuda_ipc: one colocated native-engine replica maps trainer rank 0's buffers on their shared GPU."""
-    key = "async_training.sync_transport"
-    if not cfg.rollout.colocate:
-        raise ConfigError(key, "cuda_ipc needs rollout.colocate=true (the engine maps the trainer's GPU memory, so "
-                               "it must run on the trainer's GPU); with separate GPUs use nccl or object_store")
-    rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name == "vllm":
-        raise ConfigError(key, "cuda_ipc is not supported with actor_rollout_ref.rollout.name=vllm (only the native "
-                               "engine loads IPC-mapped buckets); use object_store")
-    if cfg.actor_rollout_ref.actor.strategy == "megatron":
-        raise ConfigError(key, "cuda_ipc is not supported with actor_rollout_ref.actor.strategy=megatron; use "
-                               "object_store")
-    if cfg.rollout.n_gpus_per_node != 1 or int(rollout.tensor_model_parallel_size or 1) != 1:
-        raise ConfigError(key, "cuda_ipc maps trainer rank 0's GPU into ONE engine replica on that GPU: set "
-                               "rollout.n_gpus_per_node=1 and actor_rollout_ref.rollout.tensor_model_parallel_size=1, "
-                               f"got {cfg.rollout.n_gpus_per_node} and {rollout.tensor_model_parallel_size}; or use "
-                               "object_store")
+    problem = derived.cuda_ipc_problem(cfg) if transport == "cuda_ipc" else None
+    if problem is not None:
+        raise ConfigError("async_training.sync_transport", problem)
 
 
 @check

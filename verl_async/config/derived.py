@@ -62,12 +62,27 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
     return bool(not at.use_rollout_log_probs or at.compute_prox_log_prob)
 
 
-def auto_sync_transport(cfg: Any) -> str:
-    """`sync_transport=auto`: cuda_ipc where it applies (one colocated native replica beside an FSDP2
-    trainer on CUDA: no host copy, 0.12 s instead of 1.0-1.2 s per sync of a 135M model on an H100),
-    else object_store (every device and layout). Collective transports stay an explicit choice."""
+def cuda_ipc_problem(cfg: Any) -> Optional[str]:
+    """Why `sync_transport=cuda_ipc` cannot serve this layout, or None: one colocated native-engine replica maps
+    trainer rank 0's buffers on their shared GPU. The config check raises it; `auto` picks cuda_ipc when None."""
     rollout = cfg.actor_rollout_ref.rollout
-    ipc = (cfg.trainer.device == "cuda" and bool(cfg.rollout.colocate) and rollout.name == "native"
-           and cfg.actor_rollout_ref.actor.strategy != "megatron" and cfg.rollout.n_gpus_per_node == 1
-           and int(rollout.tensor_model_parallel_size or 1) == 1)
-    return "cuda_ipc" if ipc else "object_store"
+    if not cfg.rollout.colocate:
+        return ("cuda_ipc needs rollout.colocate=true (the engine maps the trainer's GPU memory, so it must run on "
+                "the trainer's GPU); with separate GPUs use nccl or object_store")
+    if rollout.name == "vllm":
+        return ("cuda_ipc is not supported with actor_rollout_ref.rollout.name=vllm (only the native engine loads "
+                "IPC-mapped buckets); use object_store")
+    if cfg.actor_rollout_ref.actor.strategy == "megatron":
+        return "cuda_ipc is not supported with actor_rollout_ref.actor.strategy=megatron; use object_store"
+    if cfg.rollout.n_gpus_per_node != 1 or int(rollout.tensor_model_parallel_size or 1) != 1:
+        return ("cuda_ipc maps trainer rank 0's GPU into ONE engine replica on that GPU: set "
+                "rollout.n_gpus_per_node=1 and actor_rollout_ref.rollout.tensor_model_parallel_size=1, "
+                f"got {cfg.rollout.n_gpus_per_node} and {rollout.tensor_model_parallel_size}; or use object_store")
+    return None
+
+
+def auto_sync_transport(cfg: Any) -> str:
+    """`sync_transport=auto`: cuda_ipc where it applies (on CUDA, `cuda_ipc_problem` is None: no host copy, 0.12 s
+    instead of 1.0-1.2 s per sync of a 135M model on an H100), else object_store (every device and layout).
+    Collective transports stay an explicit choice."""
+    return "cuda_ipc" if cfg.trainer.device == "cuda" and cuda_ipc_problem(cfg) is None else "object_store"
