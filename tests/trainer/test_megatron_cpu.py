@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from trainer_helpers import compose_config, make_batch, with_advantages
+from verl_async.sync.object_store import full_weights
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -87,7 +88,7 @@ def reset(group, **options):
 
 
 def weights(group) -> dict[str, torch.Tensor]:
-    return dict(group.iter_weights(bucket_bytes=1 << 20))
+    return dict(full_weights(group, bucket_bytes=1 << 20))
 
 
 def hf_log_probs(model_dir: str, batch, *, entropy: bool = False):
@@ -126,7 +127,7 @@ def test_conversion_roundtrip_is_bit_exact(groups, tiny_model_dir):
     stored = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
     names = sorted(n for n, _ in load_causal_lm(tiny_model_dir).named_parameters())
     for name, group in megatron(groups).items():
-        synced = list(reset(group).iter_weights(bucket_bytes=1 << 14))
+        synced = list(full_weights(reset(group), bucket_bytes=1 << 14))
         assert sorted(n for n, _ in synced) == names, name
         for n, t in synced:
             assert t.dtype == torch.float32 and torch.equal(t, stored[n]), f"{name}: {n}"

@@ -22,6 +22,7 @@ import os
 import pytest
 import torch
 from trainer_helpers import compose_config, make_batch, with_advantages
+from verl_async.sync.object_store import full_weights
 
 pytestmark = [pytest.mark.gpu, pytest.mark.megatron]
 
@@ -104,7 +105,7 @@ def _compare_layouts(model_dir: str, names: list[str]) -> None:
             ref = group.compute_ref_log_prob(batch)
             metrics = group.update(batch)
             after = group.compute_log_prob(batch)
-            synced = dict(group.iter_weights(64 << 20))
+            synced = dict(full_weights(group, 64 << 20))
         finally:
             group.shutdown()
         err = (before - reference)[mask].abs()

@@ -8,24 +8,19 @@ replicas on their own GPUs.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import ray
 
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.faults import with_faults
 from verl_async.rollout.registry import build_engine_from_config
-from verl_async.sync_collective import EngineGroupEndpoint, engine_endpoint
-from verl_async.sync_ipc import IpcEndpoint, load_ipc_bucket
+from verl_async.sync import engine_weight_sync, rollout_weight_sync
+from verl_async.sync.buckets import tensor_checksum
 from verl_async.utils import device as device_layer
-
-
-def _buckets_from_refs(refs: Sequence[Any]) -> Iterator[Any]:
-    """Fetch weight buckets one at a time (peak extra memory: one bucket)."""
-    for ref in refs:
-        yield ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
 
 
 class EngineReplica:
@@ -69,33 +64,12 @@ class EngineReplica:
     async def abort(self, request_ids: Optional[list[str]] = None) -> None:
         await self.engine.abort(request_ids)
 
-    async def load_buckets(self, refs: list, version: int) -> None:
-        await self.engine.update_weights(_buckets_from_refs(refs), version)
-
-    async def load_ipc_bucket(self, payload: dict, version: int) -> dict:
-        """cuda_ipc: map trainer rank 0's bucket buffer, load it device to device, release it (sync_ipc.py)."""
-        return await load_ipc_bucket(self.engine, payload, version)
-
-    # collective weight sync (verl_async/sync_collective.py): this replica's engine ranks join the group
-    async def weight_sync_ranks(self) -> int:
-        return await engine_endpoint(self.engine).weight_sync_ranks()
-
-    async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                               timeout_s: float, name: str) -> None:
-        await engine_endpoint(self.engine).join_weight_sync(host, port, rank, world_size, backend, timeout_s, name)
-
-    async def receive_weights(self, plan: list, version: int, double_buffer: bool = True,
-                              verify: bool = False) -> dict:
-        return await engine_endpoint(self.engine).receive_weights(plan, version, double_buffer=double_buffer,
-                                                                  verify=verify)
-
-    async def leave_weight_sync(self) -> None:
-        await engine_endpoint(self.engine).leave_weight_sync()
+    async def weight_sync(self, transport: str, step: str, *args: Any, **kwargs: Any) -> Any:
+        """The one call weight sync makes on a replica: `step` of this engine's half of `transport` (verl_async/sync/)."""
+        return await engine_weight_sync(self.engine, transport, step, *args, **kwargs)
 
     def loaded_checksums(self) -> dict[str, str]:
         """Checksum of every parameter of the engine's model (engines exposing `.model`; tests, sync checks)."""
-        from verl_async.bucket_plan import tensor_checksum
-
         model = getattr(self.engine, "model", None)
         if model is None:
             return {}
@@ -141,29 +115,14 @@ class RemoteEngine(InferenceEngine):
     async def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:
         """Buckets (or ObjectRefs of buckets) go to the actor by reference, fetched there one by one."""
         refs = [item if isinstance(item, ray.ObjectRef) else ray.put(item) for item in named_tensors]
-        await self.handle.load_buckets.remote(refs, version)
-        self._version = version
+        await self.weight_sync("object_store", "load", refs, version=version)
 
-    async def load_ipc_bucket(self, payload: dict, version: int) -> dict:
-        out = await self.handle.load_ipc_bucket.remote(payload, version)
-        self._version = version
+    async def weight_sync(self, transport: str, step: str, *args: Any, **kwargs: Any) -> Any:
+        """Forward a weight-sync step to the replica actor; a step that loads weights names its `version`."""
+        out = await self.handle.weight_sync.remote(transport, step, *args, **kwargs)
+        if "version" in kwargs:
+            self._version = int(kwargs["version"])
         return out
-
-    async def weight_sync_ranks(self) -> int:
-        return int(await self.handle.weight_sync_ranks.remote())
-
-    async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                               timeout_s: float, name: str) -> None:
-        await self.handle.join_weight_sync.remote(host, port, rank, world_size, backend, timeout_s, name)
-
-    async def receive_weights(self, plan: list, version: int, *, double_buffer: bool = True,
-                              verify: bool = False) -> dict:
-        out = await self.handle.receive_weights.remote(plan, version, double_buffer, verify)
-        self._version = version
-        return out
-
-    async def leave_weight_sync(self) -> None:
-        await self.handle.leave_weight_sync.remote()
 
     async def pause(self) -> None:
         await self.handle.pause.remote()
@@ -234,17 +193,16 @@ def start_replicas(
     return [RemoteEngine(h, i) for i, h in enumerate(handles)]
 
 
-class SyncTarget(EngineGroupEndpoint, IpcEndpoint):
+class SyncTarget:
     """Replicas that only receive weights: the rollout side of a sync without a Rollouter.
 
-    `CollectiveSync` / `ObjectStoreSync` need pause/resume and the sync fan-out; sync checks and
-    benchmarks (scripts/check_sync_gpu.py, tests) wrap this class in a Ray actor.
+    A sync driver needs pause/resume and the fan-out to the replicas (`weight_sync`, as the
+    RolloutService has them); sync checks and benchmarks (scripts/check_sync_gpu.py, tests)
+    wrap this class in a Ray actor.
     """
 
     def __init__(self, count: int, rollout_cfg: Mapping[str, Any], model_path: str, device: str, **kwargs: Any) -> None:
-        engines = start_replicas(count, rollout_cfg, model_path, device, **kwargs)
-        EngineGroupEndpoint.__init__(self, engines)
-        IpcEndpoint.__init__(self, engines)
+        self.sync_engines = start_replicas(count, rollout_cfg, model_path, device, **kwargs)
         self.pauses = 0
         self.version = -1
 
@@ -254,17 +212,16 @@ class SyncTarget(EngineGroupEndpoint, IpcEndpoint):
     async def resume_after_sync(self, version: int) -> None:
         self.version = version
 
-    async def load_buckets(self, refs: list, version: int) -> None:
-        import asyncio
-
-        await asyncio.gather(*(e.update_weights(list(refs), version) for e in self.sync_engines))
+    async def weight_sync(self, transport: str, step: str, *args: Any, **kwargs: Any) -> Any:
+        return await rollout_weight_sync(self, transport, step, *args, **kwargs)
 
     def state(self) -> tuple[int, int]:
         return self.pauses, self.version
 
     async def loaded_checksums(self) -> dict[str, dict[str, str]]:
         """Per replica: checksum of every parameter its engine holds now (tests, sync checks)."""
-        return {f"replica {i}": await e.handle.loaded_checksums.remote() for i, e in enumerate(self.sync_engines)}
+        sums = await asyncio.gather(*(e.handle.loaded_checksums.remote() for e in self.sync_engines))
+        return {f"replica {i}": s for i, s in enumerate(sums)}
 
     def kill_replica(self, index: int) -> None:
         ray.kill(self.sync_engines[index].handle)

@@ -1,7 +1,8 @@
 """The Rollouter actor: owns the data, the engine replicas and the rewards.
 
 `RolloutService` builds the plain `Rollouter` from the config and adds what the
-pipeline needs around it: weight loading from bucket refs, validation, and the state
+pipeline needs around it: the rollout side of weight sync (one call, verl_async/sync/),
+validation, and the state
 that makes a resumed run train every prompt exactly once (dataset cursor + the
 prompts that were taken but not yet queued).
 """
@@ -28,8 +29,7 @@ from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
 from verl_async.rollout.staleness import StalenessBudget
-from verl_async.sync_collective import EngineGroupEndpoint
-from verl_async.sync_ipc import IpcEndpoint
+from verl_async.sync import rollout_weight_sync
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollout")
@@ -172,8 +172,7 @@ class RolloutService:
                 shared_devices=colocated_device_ids(cfg),
             )
         self.engines = list(engines)
-        self.sync_endpoint = EngineGroupEndpoint(self.engines)
-        self.ipc_endpoint = IpcEndpoint(self.engines)
+        self.sync_engines = self.engines  # the replicas weight sync fans out to (verl_async/sync/)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.eos_ids = eos
         self.limit = max_required_samples(cfg)
@@ -244,34 +243,12 @@ class RolloutService:
     async def pause_for_sync(self) -> None:
         await self.rollouter.pause_for_sync()
 
-    async def load_buckets(self, refs: list, version: int) -> None:
-        """Weight buckets (ObjectRefs) to every replica; called once per bucket during a sync."""
-        await asyncio.gather(*(e.update_weights(list(refs), version) for e in self.engines))
-
     async def resume_after_sync(self, version: int) -> None:
         await self.rollouter.resume_after_sync(version)
 
-    # collective transports (nccl / hccl / gloo): sync_collective.EngineGroupEndpoint fans out to the replicas
-    async def weight_sync_ranks(self) -> list[int]:
-        return await self.sync_endpoint.weight_sync_ranks()
-
-    async def join_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
-                               name: str) -> None:
-        await self.sync_endpoint.join_weight_sync(host, port, world_size, backend, timeout_s, name)
-
-    async def receive_weights(self, plan: list, version: int, double_buffer: bool = True,
-                              verify: bool = False) -> dict[str, dict]:
-        return await self.sync_endpoint.receive_weights(plan, version, double_buffer, verify)
-
-    async def leave_weight_sync(self) -> None:
-        await self.sync_endpoint.leave_weight_sync()
-
-    # cuda_ipc (sync_ipc.py): trainer rank 0 ships each bucket's IPC handles, one export per replica
-    async def ipc_receivers(self) -> int:
-        return await self.ipc_endpoint.ipc_receivers()
-
-    async def load_ipc_bucket(self, payload: dict, version: int) -> dict[str, dict]:
-        return await self.ipc_endpoint.load_ipc_bucket(payload, version)
+    async def weight_sync(self, transport: str, step: str, *args: Any, **kwargs: Any) -> Any:
+        """The one call weight sync makes on the rollout side: `step` of `transport`, fanned out to the replicas."""
+        return await rollout_weight_sync(self, transport, step, *args, **kwargs)
 
     def release_budget(self, groups: int) -> None:
         self.rollouter.release_budget(groups)

@@ -21,7 +21,8 @@ budget as `max_tokens`.
 
 Weights. `update_weights` (object-store transport) sends each bucket of host tensors to the
 workers through `collective_rpc`; the collective transports make every worker a sync-group
-member (`join_weight_sync` / `receive_weights`, see `vllm_worker.py`). Both load with the
+member (verl_async/sync/collective.py drives them through `call_workers`, the workers run
+`vllm_worker.py`). Both load with the
 model's own `load_weights` (HF names; TP sharding and q/k/v, gate/up stacking are vLLM's).
 After a load, the prefix cache is reset when `free_cache_engine` is true (the default): KV
 computed by the old weights is never reused (fully async engines keep their KV memory; this
@@ -310,7 +311,8 @@ class VLLMEngine(InferenceEngine):
         self._paused = False
 
     # ------------------------------------------------------------------ weights
-    async def _after_load(self, version: int) -> None:
+    async def after_load(self, version: int) -> None:
+        """After every load: new tokens carry `version`; the prefix cache (old weights' KV) is reset first."""
         if self.free_cache_engine:
             await reset_prefix_cache(self.llm, int(version))  # raises: the version stays the old one
         self._version = int(version)
@@ -320,38 +322,21 @@ class VLLMEngine(InferenceEngine):
         from verl_async.rollout.native.weights import _as_bucket
         from verl_async.rollout.vllm_worker import pack_tensor
 
-        await self.start()
         for index, item in enumerate(named_tensors):
             bucket = [(name, *pack_tensor(t)) for name, t in _as_bucket(item, index)]
-            await self.llm.collective_rpc("verl_async_load_bucket", timeout=self.sync_timeout_s, args=(bucket,))
-        await self._after_load(version)
+            await self.call_workers("verl_async_load_bucket", bucket)
+        await self.after_load(version)
 
-    async def weight_sync_ranks(self) -> int:
+    @property
+    def worker_ranks(self) -> int:
+        """Processes that hold the weights (one per tensor-parallel rank): each joins a collective sync group."""
         return self.tensor_parallel_size
 
-    async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                               timeout_s: float, name: str = "0") -> None:
+    async def call_workers(self, method: str, *args: Any, timeout: Optional[float] = None) -> list:
+        """`method` of rollout/vllm_worker.py on every worker (vLLM's collective_rpc); results in rank order."""
         await self.start()
-        await self.llm.collective_rpc("verl_async_join_weight_sync", timeout=timeout_s,
-                                      args=(host, port, rank, world_size, backend, timeout_s, name))
-
-    async def receive_weights(self, plan_wire: Sequence, version: int, *, double_buffer: bool = True,
-                              verify: bool = False) -> dict[str, Any]:
-        await self.start()
-        results = await self.llm.collective_rpc("verl_async_receive_weights", timeout=self.sync_timeout_s,
-                                                args=(plan_wire, double_buffer, verify))
-        await self._after_load(version)
-        first = results[0]
-        if verify:  # every TP worker received the same bytes
-            for other in results[1:]:
-                if other["checksums"] != first["checksums"]:
-                    bad = [k for k in first["checksums"] if other["checksums"].get(k) != first["checksums"][k]]
-                    raise RuntimeError(f"vLLM worker rank {other['rank']} received different bytes for {bad[:3]}")
-        return {"checksums": first["checksums"], "seconds": max(r["seconds"] for r in results)}
-
-    async def leave_weight_sync(self) -> None:
-        if self.llm is not None:
-            await self.llm.collective_rpc("verl_async_leave_weight_sync", timeout=60)
+        return await self.llm.collective_rpc(method, timeout=self.sync_timeout_s if timeout is None else timeout,
+                                             args=tuple(args))
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> EngineStats:

@@ -30,7 +30,7 @@ def _as_bucket(item: Any, index: int) -> list[tuple[str, Any]]:
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
         return [item]
     if isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
-        pairs = list(item)  # a list of pairs, or a PackedBucket (verl_async/weight_bucket.py): decoded once
+        pairs = list(item)  # a list of pairs, or a PackedBucket (verl_async/sync/buckets.py): decoded once
         if all(isinstance(x, tuple) and len(x) == 2 for x in pairs):
             return pairs
     raise WeightUpdateError(

@@ -41,14 +41,8 @@ from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
 from verl_async.trainer import offload
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_right_padded_inputs, gather_rows
 from verl_async.trainer.checkpoint import COMPLETE_MARKER
-from verl_async.trainer.common import (
-    DTYPES,
-    METRIC_KEYS,
-    LogProbRows,
-    RankBase,
-    UpdateStats,
-    no_reference_model,
-)
+from verl_async.trainer.common import DTYPES, RankBase
+from verl_async.trainer.rank_results import METRIC_KEYS, LogProbRows, UpdateStats, no_reference_model
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.megatron import device_shim
 from verl_async.trainer.megatron.convert import check_parallel, model_spec
@@ -409,7 +403,7 @@ class MegatronWorker(RankBase):
             self._load_if_offloaded(model=True)
             try:
                 yield from iter_hf_weights(self._module(self.model), self.spec, self.layout, rank=self.rank,
-                                           dtype=dtype or self._sync_dtype(), comm_device=self.device.torch_device)
+                                           dtype=dtype or self.sync_dtype(), comm_device=self.device.torch_device)
             finally:
                 self._offload_if_asked()
 
