@@ -119,17 +119,17 @@ def test_push_keeps_the_pause_resume_protocol(monkeypatch):
     class Rollouter:
         pause_for_sync = Remote("pause", lambda: None)
         resume_after_sync = Remote("resume", lambda v: v)
-        weight_sync = Remote("", lambda transport, step: {"receivers": 1}[step])
+        weight_sync = Remote("", lambda transport, step: {"receivers": 1, "unwritten": {}}[step])
 
     class Group:
         def weight_sync_refs(self, transport, step, target, receivers, version, bucket_bytes, timeout_s, verify):
             calls.append((step, receivers, version, bucket_bytes))
             return [{"buckets": 3, "bytes": 99, "receivers": {}}]
 
-    monkeypatch.setattr(CudaIpcSync, "wait", lambda self, refs, what: dict(refs))  # the refs are the results here
+    monkeypatch.setattr(CudaIpcSync, "wait", lambda self, refs, what, **_: dict(refs))  # the refs are the results here
     sync = CudaIpcSync(Group(), Rollouter(), bucket_bytes=64, timeout_s=5)
     out = sync.push(4, while_paused=lambda: calls.append("val") or {"val/x": 1.0})
     sync.push(5)
-    assert calls[:5] == ["pause", "receivers", ("send", 1, 4, 64), "val", "resume"]
-    assert calls[5:] == ["pause", ("send", 1, 5, 64), "resume"]  # the replica count is asked once
+    assert calls[:6] == ["pause", "receivers", ("send", 1, 4, 64), "unwritten", "val", "resume"]
+    assert calls[6:] == ["pause", ("send", 1, 5, 64), "unwritten", "resume"]  # the replica count is asked once
     assert out["sync/buckets"] == 3.0 and out["val/x"] == 1.0 and "timing_s/param_sync" in out

@@ -448,6 +448,7 @@ class AsyncTrainingConfig:
     queue_capacity: Optional[int] = rule(ge=1)
     sync_transport: str = rule(choices=SYNC_TRANSPORTS)
     sync_bucket_size_mb: int = rule(gt=0)
+    sync_timeout_s: Optional[float] = rule(gt=0)
     checkpoint_engine: CheckpointEngineConfig
     long_tail: LongTailConfig
 

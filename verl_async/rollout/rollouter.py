@@ -524,17 +524,27 @@ class Rollouter:
             return
         # Abort until idle: a request that slipped in just after an abort is aborted by the next.
         while True:
-            await asyncio.gather(*(e.abort(None) for e in self.engines))
+            await self._abort_all()
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout=0.2)
                 return
             except asyncio.TimeoutError:
                 continue
 
+    async def _abort_all(self) -> None:
+        """Abort every request on every replica; one out of rotation may be broken or dead: its error is logged."""
+        serving = set(self.health.serving())
+        results = await asyncio.gather(*(e.abort(None) for e in self.engines), return_exceptions=True)
+        for index, result in enumerate(results):
+            if isinstance(result, BaseException):
+                if index in serving:
+                    raise result
+                logger.warning("abort on replica %d (out of rotation) failed: %s", index, result)
+
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Refit every replica (called between pause_for_sync and resume_after_sync)."""
+        """Refit every replica in rotation (called between pause_for_sync and resume_after_sync)."""
         tensors = list(named_tensors)
-        await asyncio.gather(*(e.update_weights(iter(tensors), version) for e in self.engines))
+        await asyncio.gather(*(self.engines[i].update_weights(iter(tensors), version) for i in self.health.serving()))
 
     async def resume_after_sync(self, version: int) -> None:
         self.version = version

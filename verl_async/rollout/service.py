@@ -172,7 +172,6 @@ class RolloutService:
                 shared_devices=colocated_device_ids(cfg),
             )
         self.engines = list(engines)
-        self.sync_engines = self.engines  # the replicas weight sync fans out to (verl_async/sync/)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.eos_ids = eos
         self.limit = max_required_samples(cfg)
@@ -249,6 +248,11 @@ class RolloutService:
     async def weight_sync(self, transport: str, step: str, *args: Any, **kwargs: Any) -> Any:
         """The one call weight sync makes on the rollout side: `step` of `transport`, fanned out to the replicas."""
         return await rollout_weight_sync(self, transport, step, *args, **kwargs)
+
+    @property
+    def sync_engines(self) -> list[InferenceEngine]:
+        """The replicas weight sync reaches: those in rotation (one taken out may be broken or dead)."""
+        return [self.engines[i] for i in self.rollouter.health.serving()]
 
     def release_budget(self, groups: int) -> None:
         self.rollouter.release_budget(groups)

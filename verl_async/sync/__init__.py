@@ -40,7 +40,7 @@ ROLLOUT_SIDES = {family: module.RolloutSide for family, module in _MODULES.items
 ENGINE_SIDES = {"object_store": object_store.EngineSide, "collective": collective.engine_side,
                 "cuda_ipc": cuda_ipc.EngineSide}
 
-__all__ = ["DRIVERS", "SyncDriver", "SyncError", "TIMEOUT_KEY", "build_sync", "build_sync_from_config",
+__all__ = ["DRIVERS", "SyncDriver", "SyncError", "TIMEOUT_KEY", "build_sync", "build_sync_from_config", "sync_timeout_s",
            "engine_weight_sync", "rank_weight_sync", "rollout_weight_sync", "engine_call", "forget_halves"]
 
 
@@ -75,11 +75,24 @@ def build_sync(transport: str, worker_group: Any, rollouter: Any, **kwargs: Any)
     return DRIVERS[transport](worker_group, rollouter, **kwargs)
 
 
+SYNC_TIMEOUT_BASE_S = 600.0
+
+
+def sync_timeout_s(cfg: Any) -> float:
+    """How long one sync step may take (`async_training.sync_timeout_s`; null: derived). Moving the weights
+    gets 600 s; with partial_rollout=false the pause first waits for the responses in flight, allowed
+    max_response_length more seconds (1 token/s: only a wedged engine is slower)."""
+    at = cfg.async_training
+    if at.get("sync_timeout_s") is not None:
+        return float(at.sync_timeout_s)
+    return SYNC_TIMEOUT_BASE_S + (0.0 if at.partial_rollout else float(cfg.data.max_response_length))
+
+
 def build_sync_from_config(cfg: Any, worker_group: Any, rollouter: Any) -> SyncDriver:
     """The driver the run's config asks for; the transport's own keys are read here."""
     at = cfg.async_training
     transport = str(at.sync_transport)
-    kwargs: dict[str, Any] = {"bucket_bytes": int(at.sync_bucket_size_mb) << 20}
+    kwargs: dict[str, Any] = {"bucket_bytes": int(at.sync_bucket_size_mb) << 20, "timeout_s": sync_timeout_s(cfg)}
     if transport != "object_store":  # the collective and IPC transports read verl's checkpoint_engine keys
         engine = at.checkpoint_engine
         kwargs.update(bucket_bytes=int(engine.device_buffer_size_M) << 20,

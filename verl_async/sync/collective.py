@@ -45,7 +45,7 @@ from verl_async.sync.buckets import (Bucket, bucket_view, compare_checksums, dty
                                      loaded_checksums, plan_buckets, plan_from_wire, plan_to_wire,
                                      tensor_checksum)
 from verl_async.sync.driver import SyncDriver, SyncError
-from verl_async.sync.ports import engine_call, innermost
+from verl_async.sync.ports import EngineHalf, RolloutHalf, engine_call, innermost
 
 logger = logging.getLogger("verl_async.sync")
 
@@ -232,7 +232,7 @@ def receive_buckets(group: WeightSyncGroup, plan: Sequence[Bucket], *, double_bu
 
 
 # ---------------------------------------------------------------------------------------- engines
-class LocalEngineSide:
+class LocalEngineSide(EngineHalf):
     """Sync-group member for an in-process engine whose `update_weights` takes (name, tensor) buckets.
 
     The receive generator is handed to `engine.update_weights`, so the blocking receives run
@@ -241,7 +241,7 @@ class LocalEngineSide:
     """
 
     def __init__(self, engine: Any) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.group: Optional[WeightSyncGroup] = None
 
     async def ranks(self) -> int:
@@ -277,16 +277,13 @@ class LocalEngineSide:
             self.group = None
 
 
-class WorkerRanksSide:
+class WorkerRanksSide(EngineHalf):
     """An engine whose ranks are worker processes (vLLM): each worker joins the group itself.
 
     The engine offers `worker_ranks`, `call_workers(method, *args, timeout=...)` (one call on
     every worker, results in rank order) and `after_load(version)`; the workers run the
     `verl_async_*` methods of rollout/vllm_worker.py.
     """
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
 
     async def ranks(self) -> int:
         return int(self.engine.worker_ranks)
@@ -330,36 +327,43 @@ def rank_offsets(ranks: Sequence[int], first: int = 1) -> list[int]:
     return out
 
 
-class RolloutSide:
-    """The rollout side of the sync group: fans each step out to every engine (replica) at once.
+class RolloutSide(RolloutHalf):
+    """The rollout side of the sync group: fans each step out to every member replica at once.
 
-    Joins and receives are collective, so all engines must be in flight together.
+    Joins and receives are collective, so all members must be in flight together. The members
+    are the replicas in rotation when the group formed; `members_changed` tells the driver to
+    form a new group when one has left the rotation since (its engine would never receive).
     """
 
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
+    family, engine_half = FAMILY, staticmethod(engine_side)
 
-    async def _each(self, step: str, *args: Any, **kwargs: Any) -> list:
-        return list(await asyncio.gather(*(engine_call(e, FAMILY, engine_side, step, *args, **kwargs)
-                                           for e in self.owner.sync_engines)))
+    def __init__(self, owner: Any) -> None:
+        super().__init__(owner)
+        self.members: list = []
 
     async def ranks(self) -> list[int]:
-        return [int(r) for r in await self._each("ranks")]
+        return [int(r) for r in await self.each("ranks")]
 
     async def join(self, host: str, port: int, world_size: int, backend: str, timeout_s: float, name: str) -> None:
-        offsets = rank_offsets(await self.ranks())
+        self.members = self.engines()
+        offsets = rank_offsets([int(r) for r in await self.each("ranks", engines=self.members)])
         await asyncio.gather(*(engine_call(e, FAMILY, engine_side, "join", host, port, rank, world_size, backend,
                                            timeout_s, name)
-                               for e, rank in zip(self.owner.sync_engines, offsets)))
+                               for e, rank in zip(self.members, offsets)))
+
+    async def members_changed(self) -> bool:
+        return [id(e) for e in self.engines()] != [id(e) for e in self.members]
 
     async def receive(self, plan: list, *, version: int, double_buffer: bool = True,
                       verify: bool = False) -> dict[str, dict]:
-        """Every engine receives the broadcast (generation paused); results by replica."""
-        results = await self._each("receive", plan, version=version, double_buffer=double_buffer, verify=verify)
+        """Every member receives the broadcast (generation paused); results by replica."""
+        results = await self.each("receive", plan, version=version, double_buffer=double_buffer, verify=verify,
+                                  engines=self.members)
         return {f"replica {i}": r for i, r in enumerate(results)}
 
     async def leave(self) -> None:
-        await self._each("leave")
+        members, self.members = self.members, []
+        await self.each("leave", engines=members)
 
 
 # ---------------------------------------------------------------------------------------- trainer rank
@@ -469,6 +473,10 @@ class CollectiveSync(SyncDriver):
     def _ensure_group(self) -> float:
         if self._broken:
             raise SyncError(f"parameter sync: the sync group is unusable after an earlier failure ({self._broken})")
+        if self._plan is not None and self.rollout("members_changed", "checking the group's members"):
+            logger.warning("weight sync: a replica left the rotation since the %s group formed; forming a new one",
+                           self.backend)
+            self.close()
         if self._plan is not None:
             return 0.0
         t0 = time.perf_counter()

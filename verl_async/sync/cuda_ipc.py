@@ -35,7 +35,7 @@ import torch
 from verl_async.sync.buckets import (ALIGN_BYTES, Bucket, TensorMeta, bucket_view, bucketize, loaded_checksums,
                                      metas_from_wire, metas_to_wire, plan_buckets, tensor_checksum)
 from verl_async.sync.driver import SyncDriver, SyncError
-from verl_async.sync.ports import engine_call
+from verl_async.sync.ports import EngineHalf, RolloutHalf, engine_call
 
 FAMILY = "cuda_ipc"
 
@@ -169,11 +169,8 @@ class TrainerSide:
 
 
 # ---------------------------------------------------------------------------------------- replica (receiver)
-class EngineSide:
+class EngineSide(EngineHalf):
     """Maps one exported bucket, loads its tensors into the engine (device to device), releases the mapping."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
 
     async def load(self, payload: dict[str, Any], *, version: int) -> dict[str, Any]:
         return await load_ipc_bucket(self.engine, payload, version)
@@ -201,17 +198,16 @@ async def load_ipc_bucket(engine: Any, payload: dict[str, Any], version: int) ->
     return out
 
 
-class RolloutSide:
+class RolloutSide(RolloutHalf):
     """Hands replica i its own export of each bucket."""
 
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
+    family, engine_half = FAMILY, EngineSide
 
     async def receivers(self) -> int:
-        return len(self.owner.sync_engines)
+        return len(self.engines())
 
     async def load(self, payload: dict[str, Any], *, version: int) -> dict[str, dict]:
-        engines = list(self.owner.sync_engines)
+        engines = self.engines()
         handles = payload["handles"]
         if len(handles) != len(engines):
             raise SyncError(f"cuda_ipc: {len(handles)} export(s) of the bucket for {len(engines)} replica(s)")

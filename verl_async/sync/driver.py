@@ -81,6 +81,7 @@ class SyncDriver(abc.ABC):
         self.wait({"rollouter": self.rollouter.pause_for_sync.remote()}, "pausing the rollouter", rollouter_call=True)
         t1 = time.perf_counter()
         moved = self.transfer(version)
+        self.check_coverage(version)
         t2 = time.perf_counter()
         extra = while_paused() if while_paused is not None else {}
         t3 = time.perf_counter()
@@ -95,6 +96,16 @@ class SyncDriver(abc.ABC):
         out.update(moved)
         out.update(extra or {})
         return out
+
+    def check_coverage(self, version: int) -> None:
+        """Every engine parameter was written by this sync: a name the trainer never sends (a mapping gap)
+        would otherwise keep its old value on the engine, silently."""
+        missing = self.rollout("unwritten", f"checking that version {version} wrote every weight", version=version)
+        if missing:
+            who, names = next(iter(missing.items()))
+            raise SyncError(f"parameter sync: version {version} left {len(names)} parameter(s) of {who} unwritten "
+                            f"(the trainer sent no tensor of that name): {names[:5]}"
+                            + (f"; {len(missing) - 1} other replica(s) too" if len(missing) > 1 else ""))
 
     def close(self) -> None:
         """Release what the transport holds between syncs (a collective group); nothing by default."""

@@ -10,12 +10,11 @@ pass through the driver.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Iterator, Optional, Sequence
 
 from verl_async.sync.buckets import PackedBucket, bucketize
 from verl_async.sync.driver import SyncDriver, SyncError
-from verl_async.sync.ports import engine_call
+from verl_async.sync.ports import EngineHalf, RolloutHalf
 
 FAMILY = "object_store"
 
@@ -80,23 +79,18 @@ def _fetch(refs: Sequence[Any]) -> Iterator[Any]:
         yield ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
 
 
-class EngineSide:
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-
+class EngineSide(EngineHalf):
     async def load(self, refs: list, *, version: int) -> None:
         await self.engine.update_weights(_fetch(refs), version)
 
 
-class RolloutSide:
+class RolloutSide(RolloutHalf):
     """Every replica gets the same refs (each fetches the bucket itself)."""
 
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
+    family, engine_half = FAMILY, EngineSide
 
     async def load(self, refs: list, *, version: int) -> None:
-        await asyncio.gather(*(engine_call(e, FAMILY, EngineSide, "load", list(refs), version=version)
-                               for e in self.owner.sync_engines))
+        await self.each("load", list(refs), version=version)
 
 
 # ---------------------------------------------------------------------------------------- driver

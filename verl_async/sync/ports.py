@@ -10,8 +10,9 @@ here. A new transport therefore adds no method to any actor.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 _halves: "weakref.WeakKeyDictionary[Any, dict[Callable, Any]]" = weakref.WeakKeyDictionary()
 
@@ -43,3 +44,38 @@ async def engine_call(engine: Any, family: str, make: Callable[[Any], Any], step
     if forward is not None:
         return await forward(family, step, *args, **kwargs)
     return await getattr(half_of(engine, make), step)(*args, **kwargs)
+
+
+class EngineHalf:
+    """Base of every transport's engine side: holds the engine, and checks a sync's coverage."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    async def unwritten(self, *, version: int) -> list[str]:
+        """Parameters of the engine that no load under `version` wrote ([] where the engine cannot tell: vLLM)."""
+        check = getattr(innermost(self.engine), "unwritten_parameters", None)
+        return list(check(version)) if check is not None else []
+
+
+class RolloutHalf:
+    """Base of every transport's rollout side: fans a step out to the replicas in `owner.sync_engines`."""
+
+    family: str = ""
+    engine_half: Callable[[Any], Any] = EngineHalf
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+
+    def engines(self) -> list:
+        return list(self.owner.sync_engines)
+
+    async def each(self, step: str, *args: Any, engines: Optional[list] = None, **kwargs: Any) -> list:
+        """`step` on every replica at once; results in replica order."""
+        return list(await asyncio.gather(*(engine_call(e, self.family, type(self).engine_half, step, *args, **kwargs)
+                                           for e in (self.engines() if engines is None else engines))))
+
+    async def unwritten(self, *, version: int) -> dict[str, list[str]]:
+        """Per replica that missed some: the parameters no load of this sync wrote."""
+        results = await self.each("unwritten", version=version)
+        return {f"replica {i}": names for i, names in enumerate(results) if names}

@@ -321,6 +321,10 @@ class NativeEngine(InferenceEngine):
             paused=self._paused,
         )
 
+    def unwritten_parameters(self, version: int) -> list[str]:
+        """Parameters no load under `version` wrote (weight sync checks that a full sync wrote them all)."""
+        return self._loader.unwritten(version)
+
     def progress(self, request_id: str) -> int:
         """Response tokens (prefix included) a request in flight holds now; -1 if unknown."""
         seq = self._sched.by_id.get(request_id)
@@ -600,7 +604,7 @@ class NativeEngine(InferenceEngine):
 
     def _load_weights(self, stream: Iterable[Any], version: int) -> None:
         t0 = time.perf_counter()
-        n = self._loader.load(stream)
+        n = self._loader.load(stream, version)
         self._version = version
         logger.info("native engine: loaded %d tensors in %.2fs, now version %d", n, time.perf_counter() - t0, version)
 
