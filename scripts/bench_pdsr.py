@@ -60,7 +60,7 @@ from verl_async.rollout.pdsr_policy import (  # noqa: E402
 )  # noqa: E402
 from verl_async.rollout.rollouter import PromptTask, Rollouter  # noqa: E402
 from verl_async.rollout.scripted import TargetLengthEngine  # noqa: E402
-from verl_async.rollout.staleness import StalenessBudget, max_required_samples  # noqa: E402
+from verl_async.staleness import StalenessBudget, max_required_samples  # noqa: E402
 from verl_async.sim.workload import PRESETS, length_stats, synthetic_groups  # noqa: E402
 
 MODES = ("plain", "plain-wide", "pdsr", "pdsr-restart")

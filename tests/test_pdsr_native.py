@@ -16,7 +16,7 @@ from verl_async.rollout.pdsr_policy import PDSRPolicy
 from verl_async.rollout.replica import start_replicas
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scripted import TargetLengthEngine, parse_request_id
-from verl_async.rollout.staleness import StalenessBudget
+from verl_async.staleness import StalenessBudget
 
 ROLLOUT_CFG = {"name": "native", "max_num_seqs": 2, "prompt_length": 16, "response_length": 48, "seed": 0}
 PROMPTS = [[5, 17, 33, 9], [40, 41, 42], [7, 7, 8, 60, 61]]

@@ -33,7 +33,7 @@ from verl_async.rollout.pdsr_policy import (
 )
 from verl_async.rollout.rollouter import Rollouter
 from verl_async.rollout.scripted import TargetLengthEngine, parse_request_id
-from verl_async.rollout.staleness import StalenessBudget, max_required_samples
+from verl_async.staleness import StalenessBudget, max_required_samples
 
 
 class RecordingBudget(StalenessBudget):

@@ -9,7 +9,7 @@ import torch
 from tests.fakes import FakeEngine
 from tests.test_rollouter import make, run_pipeline
 from verl_async.rollout.health import EngineFailure, ReplicaHealth
-from verl_async.rollout.staleness import StalenessBudget
+from verl_async.staleness import StalenessBudget
 
 ALL = [f"e0-i{i}" for i in range(6)]
 

@@ -40,7 +40,7 @@ import torch
 from verl_async.protocol import Response, RolloutSample
 from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
 from verl_async.rollout.health import EngineFailure, ReplicaHealth
-from verl_async.rollout.staleness import StalenessBudget
+from verl_async.staleness import StalenessBudget
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollouter")

@@ -27,7 +27,7 @@ from verl_async.rollout.engine import GenerateRequest, InferenceEngine, Sampling
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
-from verl_async.rollout.staleness import StalenessBudget
+from verl_async.staleness import StalenessBudget
 from verl_async.sync_collective import EngineGroupEndpoint
 from verl_async.sync_ipc import IpcEndpoint
 from verl_async.utils.timeline import Timeline
