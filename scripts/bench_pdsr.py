@@ -136,7 +136,7 @@ def start(args, path: str, capacities: list[int]) -> list[Any]:
     """One replica actor per capacity entry (its max_num_seqs), the pipeline's replica class."""
     import ray
 
-    from verl_async.rollout.replica import EngineReplica, RemoteEngine, replica_actor_options
+    from verl_async.rollout.replica import EngineReplica, RemoteEngine, ReplicaSpec, replica_actor_options
 
     cfg = {"name": "native", "max_num_seqs": max(capacities), "prompt_length": args.prompt_length,
            "response_length": args.max_response_length, "seed": args.seed, "dtype": "bfloat16"}
@@ -145,7 +145,7 @@ def start(args, path: str, capacities: list[int]) -> list[Any]:
         options["num_gpus"] = args.gpus_per_replica
     actor = ray.remote(EngineReplica)
     handles = [actor.options(max_concurrency=1000, **options).remote(
-        cfg, path, args.device, index=i, engine_overrides={"max_num_seqs": c}) for i, c in enumerate(capacities)]
+        ReplicaSpec(cfg, path, args.device), index=i, engine_overrides={"max_num_seqs": c}) for i, c in enumerate(capacities)]
     ray.get([h.version.remote() for h in handles], timeout=900)
     return [RemoteEngine(h, i) for i, h in enumerate(handles)]
 

@@ -13,7 +13,7 @@ import pytest
 
 from verl_async.rollout.engine import GenerateRequest, SamplingParams
 from verl_async.rollout.pdsr_policy import PDSRPolicy
-from verl_async.rollout.replica import start_replicas
+from verl_async.rollout.replica import ReplicaSpec, start_replicas
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scripted import TargetLengthEngine, parse_request_id
 from verl_async.staleness import StalenessBudget
@@ -68,7 +68,7 @@ async def score(item, responses):
 
 @pytest.fixture(scope="module")
 def replicas(ray_session, tiny_model_dir):
-    engines = start_replicas(2, ROLLOUT_CFG, tiny_model_dir, "cpu", timeout_s=180,
+    engines = start_replicas(2, ReplicaSpec(ROLLOUT_CFG, tiny_model_dir, "cpu"), timeout_s=180,
                              engine_overrides=[{"max_num_seqs": 4}, {"max_num_seqs": 2}])
     yield engines
     for e in engines:

@@ -142,7 +142,7 @@ class RolloutService:
         run_start: float,
         engines: Optional[Sequence[InferenceEngine]] = None,
     ) -> None:
-        from verl_async.rollout.replica import start_replicas
+        from verl_async.rollout.replica import ReplicaSpec, start_replicas
 
         self.cfg = cfg
         self.queue = queue_handle
@@ -164,13 +164,13 @@ class RolloutService:
             cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs), required
         )
         if engines is None:
-            engines = start_replicas(
-                count, rollout_cfg, model_path, str(cfg.trainer.device),
+            spec = ReplicaSpec(
+                rollout_cfg, model_path, str(cfg.trainer.device),
                 trust_remote_code=bool(model_cfg.trust_remote_code),
                 override_config=dict(model_cfg.override_config or {}),
-                engine_overrides=[{"max_num_seqs": c} for c in capacities],
                 shared_devices=colocated_device_ids(cfg),
             )
+            engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities])
         self.engines = list(engines)
         self.sync_endpoint = EngineGroupEndpoint(self.engines)
         self.ipc_endpoint = IpcEndpoint(self.engines)
