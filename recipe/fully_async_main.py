@@ -6,7 +6,8 @@ Run from the repository root, as verl's recipe is:
 With no arguments it runs the built-in CPU demo (config/fully_async_ppo_trainer.yaml).
 `--cfg job` prints the composed config and exits. A bad config prints one line,
 "config error: <full.key>: <reason>", to stderr and exits with status 2.
-VERL_ASYNC_DRY_RUN=1 stops after checking the config, the device and the data.
+`trainer.dry_run=true` (or VERL_ASYNC_DRY_RUN=1 in the environment) stops after checking
+the config, the device and the data.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from verl_async.config.summary import describe
 from verl_async.errors import PipelineError
 from verl_async.versions import UnsupportedTransformersError
 
+DRY_RUN_ENV = "VERL_ASYNC_DRY_RUN"
 PIPELINE_MODULE = "verl_async.pipeline"  # provides run(cfg): Ray, queue, Rollouter, Trainer, sync
 
 
@@ -35,7 +37,11 @@ def main(cfg: DictConfig) -> None:
         cfg = validate(cfg)  # one clear error, naming the key
         facts = preflight(cfg)  # the device exists, the data files read
         print(describe(cfg, facts), flush=True)
-        run = pipeline_runner()  # None: dry run, or no pipeline yet (it says so)
+        if is_dry_run(cfg):
+            print("dry run (trainer.dry_run=true or VERL_ASYNC_DRY_RUN=1): config, device and data are valid; "
+                  "nothing was started.")
+            return
+        run = pipeline_runner()  # None: no pipeline yet (it says so)
         if run is not None:
             run(cfg)
     except ConfigError as err:
@@ -49,10 +55,12 @@ def main(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
+def is_dry_run(cfg: DictConfig) -> bool:
+    """The config key, or the environment variable that launch scripts set without touching their overrides."""
+    return bool(cfg.trainer.dry_run) or os.environ.get(DRY_RUN_ENV) == "1"
+
+
 def pipeline_runner() -> Optional[Callable[[DictConfig], None]]:
-    if os.environ.get("VERL_ASYNC_DRY_RUN") == "1":
-        print("dry run (VERL_ASYNC_DRY_RUN=1): config, device and data are valid; nothing was started.")
-        return None
     if importlib.util.find_spec(PIPELINE_MODULE) is None:
         print(
             "config, device and data are valid. The training pipeline is not implemented yet "

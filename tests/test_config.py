@@ -168,6 +168,12 @@ def test_debug_load_implies_train_only(tmp_path):
     assert cfg.debug.train_only is True
 
 
+def test_debug_fail_replicas_accepts_all_or_existing_indices():
+    assert check([]).debug.fail_replicas is None
+    assert check(["debug.fail_replicas=all"]).debug.fail_replicas == "all"
+    assert list(check(["rollout.n_gpus_per_node=2", "debug.fail_replicas=[0,1]"]).debug.fail_replicas) == [0, 1]
+
+
 # --------------------------------------------------------------------------- errors
 BAD = [
     # (overrides, full key, words in the reason)
@@ -213,6 +219,11 @@ BAD = [
     (["debug.load_rollout_data='/tmp/r_{rollout_id}.pt'", "debug.rollout_only=true"], "debug.load_rollout_data", "rollout_only"),
     (["debug.rollout_only=true", "debug.train_only=true"], "debug.train_only", "rollout_only"),
     (["debug.save_train_output='/tmp/o_{rollout_id}.pt'"], "debug.save_train_output", "{rank}"),
+    (["debug.fail_replicas=[1]"], "debug.fail_replicas", "replica 1 does not exist: this run has 1 engine replica"),
+    (["debug.fail_replicas='0,1'"], "debug.fail_replicas", "expected null, all or a list of replica indices"),
+    (["debug.fail_replicas=first"], "debug.fail_replicas", "expected null, all or a list of replica indices"),
+    (["trainer.cpu_threads_per_worker=0"], "trainer.cpu_threads_per_worker", ">= 1"),
+    (["trainer.dry_run=maybe"], "trainer.dry_run", "true or false"),
     (["async_training.sync_transport=nccl"], "async_training.sync_transport", "trainer.device=cuda"),
     (["async_training.sync_transport=hccl", "trainer.device=cuda"], "async_training.sync_transport", "trainer.device=npu"),
     (["rollout.colocate=true", "trainer.device=cuda", "async_training.sync_transport=nccl"],

@@ -20,7 +20,6 @@ from verl_async.models.loading import load_tokenizer
 from verl_async.queue import MessageQueue
 from verl_async.config.derived import max_required_samples, required_samples
 from verl_async.errors import PipelineError
-from verl_async.rollout.faults import FAIL_ENV
 from verl_async.rollout.service import RolloutService
 from verl_async.trainer.trainer import Trainer, load_rollout_groups
 from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
@@ -79,7 +78,6 @@ def ray_init(cfg: Any) -> bool:
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
         "PYTHONPATH": python_path,
-        **({FAIL_ENV: os.environ[FAIL_ENV]} if os.environ.get(FAIL_ENV) else {}),  # fault-injection drills
     }
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)

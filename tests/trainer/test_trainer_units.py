@@ -221,6 +221,18 @@ def test_settings_errors_name_the_key(config_factory):
     assert s.with_overrides({"loss_agg_mode": "seq-mean-token-sum"}).loss_agg_mode == "seq-mean-token-sum"
 
 
+def test_cpu_threads_per_worker_is_a_trainer_setting(config_factory):
+    from omegaconf import OmegaConf
+
+    def parse(*overrides):
+        return TrainerSettings.from_config(OmegaConf.to_container(config_factory(*overrides), resolve=True))
+
+    assert parse().cpu_threads_per_worker == 1
+    assert parse("trainer.cpu_threads_per_worker=3").cpu_threads_per_worker == 3
+    with pytest.raises(ValueError, match=r"trainer\.cpu_threads_per_worker must be a positive integer"):
+        parse("trainer.cpu_threads_per_worker=0")
+
+
 def test_checkpoint_rotation_and_latest(tmp_path):
     root = str(tmp_path)
     for step in (1, 2, 3, 4):

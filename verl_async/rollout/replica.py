@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 import ray
 
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
-from verl_async.rollout.faults import with_faults
+from verl_async.rollout.faults import FailReplicas, with_faults
 from verl_async.rollout.registry import build_engine_from_config
 from verl_async.sync_collective import EngineGroupEndpoint, engine_endpoint
 from verl_async.sync_ipc import IpcEndpoint, load_ipc_bucket
@@ -34,7 +34,8 @@ class ReplicaSpec:
     """What every engine replica of a run is built from; a replica adds only its index and overrides.
 
     `shared_devices`: accelerator ids the replicas share with the trainer (`rollout.colocate=true`);
-    replica i pins ids[i*tp:(i+1)*tp] and asks Ray for none.
+    replica i pins ids[i*tp:(i+1)*tp] and asks Ray for none. `fail_replicas`: debug.fail_replicas
+    (rollout/faults.py), the replicas whose every request fails (tests, drills).
     """
 
     rollout_cfg: Mapping[str, Any]
@@ -43,6 +44,7 @@ class ReplicaSpec:
     trust_remote_code: bool = False
     override_config: Optional[Mapping[str, Any]] = None
     shared_devices: Optional[Sequence[str]] = None
+    fail_replicas: FailReplicas = None
 
 
 class EngineReplica:
@@ -69,7 +71,7 @@ class EngineReplica:
             override_config=spec.override_config,
             **dict(engine_overrides or {}),
         )
-        self.engine = with_faults(engine, index)  # VERL_ASYNC_FAIL_REPLICAS (tests, drills); else unchanged
+        self.engine = with_faults(engine, index, spec.fail_replicas)  # debug.fail_replicas; else unchanged
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await self.engine.generate(request)

@@ -169,6 +169,7 @@ class RolloutService:
                 trust_remote_code=bool(model_cfg.trust_remote_code),
                 override_config=dict(model_cfg.override_config or {}),
                 shared_devices=colocated_device_ids(cfg),
+                fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
             )
             engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities])
         self.engines = list(engines)

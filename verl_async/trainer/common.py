@@ -217,7 +217,7 @@ class RankBase:
         self.device = device_layer.resolve(s.device)
         self.device.set_current()
         if s.device == "cpu":
-            torch.set_num_threads(int(os.environ.get("VERL_ASYNC_WORKER_THREADS", "1")))
+            torch.set_num_threads(s.cpu_threads_per_worker)
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size))
         if not dist.is_initialized():
