@@ -12,11 +12,8 @@ the config, the device and the data.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import sys
-from typing import Callable, Optional
 
 import hydra
 from omegaconf import DictConfig
@@ -28,7 +25,6 @@ from verl_async.errors import PipelineError
 from verl_async.versions import UnsupportedTransformersError
 
 DRY_RUN_ENV = "VERL_ASYNC_DRY_RUN"
-PIPELINE_MODULE = "verl_async.pipeline"  # provides run(cfg): Ray, queue, Rollouter, Trainer, sync
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name=DEFAULT_CONFIG_NAME, version_base=None)
@@ -41,9 +37,9 @@ def main(cfg: DictConfig) -> None:
             print("dry run (trainer.dry_run=true or VERL_ASYNC_DRY_RUN=1): config, device and data are valid; "
                   "nothing was started.")
             return
-        run = pipeline_runner()  # None: no pipeline yet (it says so)
-        if run is not None:
-            run(cfg)
+        from verl_async.pipeline import run  # here, not above: a config error prints before torch and Ray load
+
+        run(cfg)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -58,16 +54,6 @@ def main(cfg: DictConfig) -> None:
 def is_dry_run(cfg: DictConfig) -> bool:
     """The config key, or the environment variable that launch scripts set without touching their overrides."""
     return bool(cfg.trainer.dry_run) or os.environ.get(DRY_RUN_ENV) == "1"
-
-
-def pipeline_runner() -> Optional[Callable[[DictConfig], None]]:
-    if importlib.util.find_spec(PIPELINE_MODULE) is None:
-        print(
-            "config, device and data are valid. The training pipeline is not implemented yet "
-            f"({PIPELINE_MODULE} is missing), so nothing was trained."
-        )
-        return None
-    return importlib.import_module(PIPELINE_MODULE).run
 
 
 def cli() -> None:

@@ -59,6 +59,7 @@ from verl_async.rollout.pdsr_policy import (  # noqa: E402
     scheduling_metrics,
 )  # noqa: E402
 from verl_async.rollout.rollouter import PromptTask, Rollouter  # noqa: E402
+from verl_async.rollout.scheduling import policy_class  # noqa: E402
 from verl_async.rollout.scripted import TargetLengthEngine  # noqa: E402
 from verl_async.staleness import StalenessBudget, max_required_samples  # noqa: E402
 from verl_async.sim.workload import PRESETS, length_stats, synthetic_groups  # noqa: E402
@@ -111,7 +112,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ---------------------------------------------------------------------- model and replicas
 def model_dir(args) -> str:
     if args.model == "tiny":
-        from verl_async.models import build_tiny_model_dir
+        from verl_async.models.tiny import build_tiny_model_dir
 
         need = args.prompt_length + args.max_response_length
         return build_tiny_model_dir(os.path.join(tempfile.gettempdir(), f"verl_async_bench_pdsr_tiny_{need}"),
@@ -233,7 +234,7 @@ async def run_mode(args, mode: str, engines, tasks: list[PromptTask], targets: d
         engines=scripted, prompts=Source(tasks), scorer=_score, sink=sink, n=args.n, sampling=sampling,
         budget=StalenessBudget(limit), partial_rollout=True,
         max_inflight_groups=max_inflight_groups(capacities, args.n, "pdsr" if kwargs else "plain", kwargs),
-        scheduling="pdsr" if mode.startswith("pdsr") else "plain", scheduling_kwargs=kwargs,
+        scheduling=policy_class("pdsr" if mode.startswith("pdsr") else "plain"), scheduling_kwargs=kwargs,
         engine_capacity=capacities, **logs,
     )
     t0 = time.monotonic()

@@ -391,3 +391,25 @@ def test_auto_sync_transport_picks_cuda_ipc_only_where_it_applies():
     assert check(["trainer.device=cuda"]).async_training.sync_transport == "object_store"  # separate GPUs
     # an explicit choice is kept as given
     assert check(one_gpu + ["async_training.sync_transport=object_store"]).async_training.sync_transport == "object_store"
+
+
+def test_engine_and_strategy_tables_match_the_schema():
+    """The registries are plain tables of classes now; the schema's choice lists must name the same keys."""
+    from verl_async.pipeline import WORKER_GROUPS
+    from verl_async.rollout.registry import ENGINES
+
+    assert S.ROLLOUT_NAMES == tuple(ENGINES)
+    assert S.STRATEGIES == tuple(WORKER_GROUPS)
+
+
+def test_the_entry_point_and_validation_import_no_torch_ray_or_engines():
+    """A config error must print before the heavy imports (the pipeline is imported after validation)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, recipe.fully_async_main; from verl_async.config import compose, validate; "
+            f"validate(compose({FSDP!r})); validate(compose({MEGATRON!r})); "
+            "print(sorted(m for m in ('torch', 'ray', 'transformers', 'vllm', 'megatron') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

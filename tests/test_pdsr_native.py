@@ -87,7 +87,7 @@ def test_capped_response_continues_on_heavy_with_identical_prefix(replicas):
     sampling = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, seed=0)
     ro = Rollouter(engines=engines, prompts=Source(), scorer=score, sink=sink, n=2, sampling=sampling,
                    budget=StalenessBudget(8), partial_rollout=True, max_inflight_groups=8,
-                   scheduling="pdsr", scheduling_kwargs={"batch_size": 3, "batch_timeout_s": 30},
+                   scheduling=PDSRPolicy, scheduling_kwargs={"batch_size": 3, "batch_timeout_s": 30},
                    engine_capacity=[4, 2])
     assert isinstance(ro.policy, PDSRPolicy)
     asyncio.run(asyncio.wait_for(ro.run(), 120))

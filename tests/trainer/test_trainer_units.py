@@ -97,7 +97,7 @@ def test_check_batch_refuses_empty_and_missing_keys():
 # ---------------------------------------------------------------- model inputs
 @pytest.fixture(scope="module")
 def tiny_models(tiny_model_dir):
-    from verl_async.models import load_causal_lm
+    from verl_async.models.loading import load_causal_lm
 
     out = {}
     for impl in ("sdpa", "eager", "varlen"):

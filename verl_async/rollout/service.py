@@ -20,12 +20,13 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 from verl_async.data import PromptDataset, PromptIterator
-from verl_async.models import load_tokenizer
+from verl_async.models.loading import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
+from verl_async.rollout.scheduling import policy_class
 from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
 from verl_async.staleness import StalenessBudget
 from verl_async.sync_collective import EngineGroupEndpoint
@@ -194,7 +195,7 @@ class RolloutService:
             total_prompts=None if total in (None, -1) else int(total),
             timeline=self.timeline,
             lengths_log=os.path.join(run_dir, "rollout", "lengths.jsonl"),
-            scheduling=scheduling,
+            scheduling=policy_class(scheduling),
             scheduling_kwargs=scheduling_kwargs,
             engine_capacity=capacities,
             max_prompt_retries=int(cfg.rollout.max_prompt_retries),

@@ -114,7 +114,7 @@ class FSDPWorker(RankBase):
     def _build_model(self, *, train: bool):
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-        from verl_async.models import load_causal_lm
+        from verl_async.models.loading import load_causal_lm
 
         s = self.settings
         model = load_causal_lm(s.model_path, dtype=torch.float32, trust_remote_code=s.trust_remote_code,
