@@ -358,3 +358,20 @@ def test_fsdp_compute_log_prob_marks_the_reference_forward():
     for use_ref in (False, True):
         FSDPWorker.compute_log_prob(fake, batch, [[0]], use_ref=use_ref)
     assert calls == [(False, False), (True, True)]
+
+
+def test_log_prob_pass_restores_the_training_flag_and_offloads_even_on_error():
+    from verl_async.trainer.common import eval_mode, log_prob_model
+
+    model, ref = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).eval()
+    with pytest.raises(RuntimeError, match="compute_ref_log_prob: no reference model"):
+        log_prob_model(model, None, use_ref=True)
+    assert log_prob_model(model, None, use_ref=False) is model and log_prob_model(model, ref, use_ref=True) is ref
+    offloads = []
+    with eval_mode(model, after=lambda: offloads.append("model")):
+        assert not model.training and not offloads
+    assert model.training and offloads == ["model"]
+    with pytest.raises(ValueError, match="boom"):
+        with eval_mode(ref, after=lambda: offloads.append("ref")):
+            raise ValueError("boom")
+    assert not ref.training and offloads == ["model", "ref"]  # an eval-mode model stays in eval mode

@@ -12,8 +12,9 @@ import os
 import random
 import socket
 import time
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -99,6 +100,27 @@ class LogProbRows:
 def no_reference_model() -> RuntimeError:
     return RuntimeError("compute_ref_log_prob: no reference model (actor.use_kl_loss and "
                         "algorithm.use_kl_in_reward are both false)")
+
+
+def log_prob_model(model: Any, ref_model: Any, use_ref: bool) -> Any:
+    """The model a rank's `compute_log_prob` runs: the reference (an error when none was built) or the actor."""
+    chosen = ref_model if use_ref else model
+    if chosen is None:
+        raise no_reference_model()
+    return chosen
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module, after: Callable[[], None]) -> Iterator[None]:
+    """`module` in eval mode for a log-prob pass; then (error or not) its training flag back, and `after()`
+    (the rank's offload, when the settings ask for one)."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+        after()
 
 
 class UpdateStats:

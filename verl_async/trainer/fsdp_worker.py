@@ -39,7 +39,8 @@ from verl_async.trainer.common import (
     LogProbRows,
     RankBase,
     UpdateStats,
-    no_reference_model,
+    eval_mode,
+    log_prob_model,
     nonfinite_grads,
 )
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
@@ -194,21 +195,14 @@ class FSDPWorker(RankBase):
     def compute_log_prob(self, batch: TensorDict, micro_batches: list[list[int]], *, use_ref: bool = False,
                          calculate_entropy: bool = False) -> dict[str, Any]:
         """Log-probs (and entropy) of this rank's rows: {"rows", "log_probs" [n,T], "entropy" [n,T] | None}."""
-        model = self.ref_model if use_ref else self.model
-        if model is None:
-            raise no_reference_model()
+        model = log_prob_model(self.model, self.ref_model, use_ref)
         self._load_if_offloaded()
-        was_training = model.training
-        model.eval()
         out = LogProbRows()
-        try:
+        with eval_mode(model, after=self._offload_if_asked):
             for rows in micro_batches:
                 logp, ent, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy,
                                              use_ref=use_ref)
                 out.add(rows, logp, ent)
-        finally:
-            model.train(was_training)
-            self._offload_if_asked()
         return out.result(batch["responses"].shape[1], calculate_entropy)
 
     # ------------------------------------------------------------------ update
