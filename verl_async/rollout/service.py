@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from verl_async.data import PromptDataset, PromptIterator
+from verl_async.data import Draw, PromptDataset, PromptIterator
 from verl_async.models.loading import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
@@ -44,11 +44,12 @@ class DatasetPromptSource:
         self._front: collections.deque[PromptTask] = collections.deque()
 
     @staticmethod
-    def task(epoch: int, item: Any) -> PromptTask:
+    def task(draw: Draw) -> PromptTask:
+        item = draw.item
         return PromptTask(
-            uid=f"{epoch}:{item.index}",
+            uid=draw.uid,  # the one definition of a prompt's exactly-once key (data/dataset.py)
             index=item.index,
-            epoch=epoch,
+            epoch=draw.epoch,
             prompt_ids=list(item.prompt_ids),
             data_source=item.data_source,
             ground_truth=item.ground_truth,
@@ -62,7 +63,7 @@ class DatasetPromptSource:
             draw = next(self.iterator)
         except StopIteration:
             return None
-        return self.task(draw.epoch, draw.item)
+        return self.task(draw)
 
     def push_front(self, items: Sequence[PromptTask]) -> None:
         self._front.extendleft(reversed(list(items)))
