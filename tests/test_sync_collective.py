@@ -235,7 +235,7 @@ def trainer_and_replicas(ray_session, tiny_model_dir, tmp_path_factory):
     import ray
 
     from tests.trainer.trainer_helpers import compose_config
-    from verl_async.models import build_tiny_model_dir
+    from verl_async.models.tiny import build_tiny_model_dir
     from verl_async.trainer import FSDPWorkerGroup
 
     # The engines start from OTHER random weights: a sync that moved nothing would fail the checks.

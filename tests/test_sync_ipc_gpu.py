@@ -95,7 +95,7 @@ def colocated(ray_session, tmp_path_factory):
     import ray
 
     from tests.trainer.trainer_helpers import compose_config
-    from verl_async.models import build_tiny_model_dir
+    from verl_async.models.tiny import build_tiny_model_dir
     from verl_async.rollout.replica import SyncTarget
     from verl_async.trainer import FSDPWorkerGroup
 

@@ -262,7 +262,7 @@ def test_a_failed_prefix_cache_reset_fails_the_weight_load(fake_vllm, monkeypatc
 
 # ------------------------------------------------------------------------------------------ on a GPU with vLLM
 def _model_dir(tmp_path, seed: int) -> str:
-    from verl_async.models import build_tiny_model_dir
+    from verl_async.models.tiny import build_tiny_model_dir
 
     # head_dim 64: every vLLM attention backend supports it
     return build_tiny_model_dir(str(tmp_path / f"m{seed}"), hidden_size=256, num_layers=2, num_heads=4,

@@ -398,6 +398,8 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int]
     ray_wait_register_center_timeout: int
     worker_timeout_s: float = rule(gt=0)
+    cpu_threads_per_worker: int = rule(ge=1)
+    dry_run: bool
     esi_redundant_time: float
     use_legacy_worker_impl: str
     device: str = rule(choices=DEVICES)
@@ -460,6 +462,7 @@ class DebugConfig:
     save_rollout_data: Optional[str]
     load_rollout_data: Optional[str]
     save_train_output: Optional[str]
+    fail_replicas: Any  # null | "all" | list of engine replica indices (checks.fail_replicas)
 
 
 @schema

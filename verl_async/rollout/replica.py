@@ -11,52 +11,61 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import ray
 
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
-from verl_async.rollout.faults import with_faults
+from verl_async.rollout.faults import FailReplicas, with_faults
 from verl_async.rollout.registry import build_engine_from_config
 from verl_async.sync import engine_weight_sync, rollout_weight_sync
 from verl_async.sync.buckets import tensor_checksum
 from verl_async.utils import device as device_layer
 
 
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What every engine replica of a run is built from; a replica adds only its index and overrides.
+
+    `shared_devices`: accelerator ids the replicas share with the trainer (`rollout.colocate=true`);
+    replica i pins ids[i*tp:(i+1)*tp] and asks Ray for none. `fail_replicas`: debug.fail_replicas
+    (rollout/faults.py), the replicas whose every request fails (tests, drills).
+    """
+
+    rollout_cfg: Mapping[str, Any]
+    model_path: str
+    device: str
+    trust_remote_code: bool = False
+    override_config: Optional[Mapping[str, Any]] = None
+    shared_devices: Optional[Sequence[str]] = None
+    fail_replicas: FailReplicas = None
+
 class EngineReplica:
     """Plain class behind the replica actor: builds the configured engine on this process's device."""
 
-    def __init__(
-        self,
-        rollout_cfg: Mapping[str, Any],
-        model_path: str,
-        device: str,
-        *,
-        trust_remote_code: bool = False,
-        override_config: Optional[Mapping[str, Any]] = None,
-        index: int = 0,
-        engine_overrides: Optional[Mapping[str, Any]] = None,
-        shared_devices: Optional[Sequence[str]] = None,
-    ) -> None:
-        shared = list(shared_devices or [])
+    def __init__(self, spec: ReplicaSpec, index: int = 0,
+                 engine_overrides: Optional[Mapping[str, Any]] = None) -> None:
+        device = spec.device
+        shared = list(spec.shared_devices or [])
         if shared and device != "cpu":  # before the first accelerator call of this process
-            tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
+            tp = int(spec.rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
             mine = shared[index * tp:(index + 1) * tp]
             if len(mine) < tp:
                 raise ValueError(f"shared devices {','.join(shared)} have no {tp} device(s) for replica {index}")
             os.environ[device_layer.visible_devices_env(device)] = ",".join(mine)
-        spec = device_layer.resolve(device)
-        spec.set_current()
+        device_spec = device_layer.resolve(device)
+        device_spec.set_current()
         self.index = index
         engine = build_engine_from_config(
-            rollout_cfg,
-            model_path=model_path,
-            device=str(spec.torch_device),
-            trust_remote_code=trust_remote_code,
-            override_config=override_config,
+            spec.rollout_cfg,
+            model_path=spec.model_path,
+            device=str(device_spec.torch_device),
+            trust_remote_code=spec.trust_remote_code,
+            override_config=spec.override_config,
             **dict(engine_overrides or {}),
         )
-        self.engine = with_faults(engine, index)  # VERL_ASYNC_FAIL_REPLICAS (tests, drills); else unchanged
+        self.engine = with_faults(engine, index, spec.fail_replicas)  # debug.fail_replicas; else unchanged
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await self.engine.generate(request)
@@ -156,23 +165,17 @@ def replica_actor_options(
 
 def start_replicas(
     count: int,
-    rollout_cfg: Mapping[str, Any],
-    model_path: str,
-    device: str,
+    spec: ReplicaSpec,
     *,
-    trust_remote_code: bool = False,
-    override_config: Optional[Mapping[str, Any]] = None,
-    timeout_s: float = 600,
     engine_overrides: Optional[Sequence[Mapping[str, Any]]] = None,
-    shared_devices: Optional[Sequence[str]] = None,
+    timeout_s: float = 600,
 ) -> list[RemoteEngine]:
     """Start `count` replica actors and wait until each has loaded its model.
 
     `engine_overrides[i]`: engine keyword arguments for replica i only (P-DSR: a fast
-    replica's larger max_num_seqs). `shared_devices`: accelerator ids the replicas share with
-    the trainer (`rollout.colocate=true`); replica i pins ids[i*tp:(i+1)*tp] and asks Ray for none.
+    replica's larger max_num_seqs).
     """
-    tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
+    tp = int(spec.rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
     if engine_overrides is not None and len(engine_overrides) != count:
         raise ValueError(f"engine_overrides has {len(engine_overrides)} entries for {count} replicas")
     actor_cls = ray.remote(EngineReplica)
@@ -180,13 +183,8 @@ def start_replicas(
     handles = [
         actor_cls.options(
             max_concurrency=1000, name=f"verl_async_replica{i}_{run_tag}",
-            **replica_actor_options(device, tp, colocated=bool(shared_devices)),
-        ).remote(
-            rollout_cfg, model_path, device, trust_remote_code=trust_remote_code,
-            override_config=override_config, index=i,
-            engine_overrides=engine_overrides[i] if engine_overrides is not None else None,
-            shared_devices=list(shared_devices) if shared_devices else None,
-        )
+            **replica_actor_options(spec.device, tp, colocated=bool(spec.shared_devices)),
+        ).remote(spec, i, engine_overrides[i] if engine_overrides is not None else None)
         for i in range(count)
     ]
     ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
@@ -201,8 +199,10 @@ class SyncTarget:
     wrap this class in a Ray actor.
     """
 
-    def __init__(self, count: int, rollout_cfg: Mapping[str, Any], model_path: str, device: str, **kwargs: Any) -> None:
-        self.sync_engines = start_replicas(count, rollout_cfg, model_path, device, **kwargs)
+    def __init__(self, count: int, rollout_cfg: Mapping[str, Any], model_path: str, device: str, *,
+                 timeout_s: float = 600, **spec: Any) -> None:
+        self.sync_engines = start_replicas(count, ReplicaSpec(rollout_cfg, model_path, device, **spec),
+                                           timeout_s=timeout_s)
         self.pauses = 0
         self.version = -1
 

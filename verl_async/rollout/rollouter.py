@@ -33,14 +33,14 @@ import os
 import time
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Collection, Iterable, Optional, Protocol, Sequence
+from typing import Any, Callable, Collection, Iterable, Optional, Protocol, Sequence
 
 import torch
 
 from verl_async.protocol import Response, RolloutSample
 from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
 from verl_async.rollout.health import EngineFailure, ReplicaHealth
-from verl_async.rollout.staleness import StalenessBudget
+from verl_async.staleness import StalenessBudget
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollouter")
@@ -85,6 +85,17 @@ class SampleSink(Protocol):
     async def size(self) -> int: ...
 
 
+class SchedulingPolicy(Protocol):
+    """How one admitted prompt's `n` responses are generated (PlainPolicy; P-DSR in pdsr_policy.py).
+
+    Built by the Rollouter as `policy(rollouter, **scheduling_kwargs)`; its builder picks the class
+    (rollout/scheduling.py maps the config's name to it), so this module imports no policy but the plain one.
+    May also define `on_admission_stalled(reason)` and `metrics()`.
+    """
+
+    async def generate_group(self, item: PromptTask) -> Optional[list[Response]]: ...
+
+
 @dataclass
 class RolloutCounters:
     started_groups: int = 0
@@ -120,7 +131,7 @@ class Rollouter:
         timeline: Optional[Timeline] = None,
         lengths_log: Optional[str] = None,
         version: int = 0,
-        scheduling: str = "plain",
+        scheduling: Optional[Callable[..., SchedulingPolicy]] = None,
         scheduling_kwargs: Optional[dict[str, Any]] = None,
         engine_capacity: Optional[Sequence[int]] = None,
         max_prompt_retries: int = 2,
@@ -171,7 +182,7 @@ class Rollouter:
         self._failure: Optional[BaseException] = None
         self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
         self._serial = 0
-        self.policy = build_policy(scheduling, self, **dict(scheduling_kwargs or {}))
+        self.policy = (scheduling or PlainPolicy)(self, **dict(scheduling_kwargs or {}))
         for path in (lengths_log, failed_log):
             if path:
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -582,19 +593,3 @@ class PlainPolicy:
         ro = self.rollouter
         results = await asyncio.gather(*(ro.generate_one(item, i) for i in range(ro.n)))
         return None if any(r is None for r in results) else list(results)  # type: ignore[arg-type]
-
-
-SCHEDULING_POLICIES: dict[str, str] = {
-    "plain": "verl_async.rollout.rollouter:PlainPolicy",
-    "pdsr": "verl_async.rollout.pdsr_policy:PDSRPolicy",
-}
-
-
-def build_policy(name: str, rollouter: Rollouter, **kwargs: Any) -> Any:
-    """A scheduling policy by name (async_training.long_tail / scheduling); never an if/else chain."""
-    import importlib
-
-    if name not in SCHEDULING_POLICIES:
-        raise ValueError(f"unknown rollout scheduling policy {name!r}; available: {sorted(SCHEDULING_POLICIES)}")
-    module, _, attr = SCHEDULING_POLICIES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)(rollouter, **kwargs)

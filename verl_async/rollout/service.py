@@ -20,15 +20,16 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from verl_async.data import PromptDataset, PromptIterator
-from verl_async.models import load_tokenizer
+from verl_async.data import Draw, PromptDataset, PromptIterator
+from verl_async.models.loading import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
+from verl_async.rollout.scheduling import policy_class
 from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
-from verl_async.rollout.staleness import StalenessBudget
+from verl_async.staleness import StalenessBudget
 from verl_async.sync import rollout_weight_sync
 from verl_async.utils.timeline import Timeline
 
@@ -43,11 +44,12 @@ class DatasetPromptSource:
         self._front: collections.deque[PromptTask] = collections.deque()
 
     @staticmethod
-    def task(epoch: int, item: Any) -> PromptTask:
+    def task(draw: Draw) -> PromptTask:
+        item = draw.item
         return PromptTask(
-            uid=f"{epoch}:{item.index}",
+            uid=draw.uid,  # the one definition of a prompt's exactly-once key (data/dataset.py)
             index=item.index,
-            epoch=epoch,
+            epoch=draw.epoch,
             prompt_ids=list(item.prompt_ids),
             data_source=item.data_source,
             ground_truth=item.ground_truth,
@@ -61,7 +63,7 @@ class DatasetPromptSource:
             draw = next(self.iterator)
         except StopIteration:
             return None
-        return self.task(draw.epoch, draw.item)
+        return self.task(draw)
 
     def push_front(self, items: Sequence[PromptTask]) -> None:
         self._front.extendleft(reversed(list(items)))
@@ -142,7 +144,7 @@ class RolloutService:
         run_start: float,
         engines: Optional[Sequence[InferenceEngine]] = None,
     ) -> None:
-        from verl_async.rollout.replica import start_replicas
+        from verl_async.rollout.replica import ReplicaSpec, start_replicas
 
         self.cfg = cfg
         self.queue = queue_handle
@@ -164,13 +166,14 @@ class RolloutService:
             cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs), required
         )
         if engines is None:
-            engines = start_replicas(
-                count, rollout_cfg, model_path, str(cfg.trainer.device),
+            spec = ReplicaSpec(
+                rollout_cfg, model_path, str(cfg.trainer.device),
                 trust_remote_code=bool(model_cfg.trust_remote_code),
                 override_config=dict(model_cfg.override_config or {}),
-                engine_overrides=[{"max_num_seqs": c} for c in capacities],
                 shared_devices=colocated_device_ids(cfg),
+                fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
             )
+            engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities])
         self.engines = list(engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.eos_ids = eos
@@ -191,7 +194,7 @@ class RolloutService:
             total_prompts=None if total in (None, -1) else int(total),
             timeline=self.timeline,
             lengths_log=os.path.join(run_dir, "rollout", "lengths.jsonl"),
-            scheduling=scheduling,
+            scheduling=policy_class(scheduling),
             scheduling_kwargs=scheduling_kwargs,
             engine_capacity=capacities,
             max_prompt_retries=int(cfg.rollout.max_prompt_retries),

@@ -2,7 +2,8 @@
 
 One engine = one replica on `tensor_model_parallel_size` GPUs (the replica actor owns them;
 vLLM's EngineCore and its workers run in child processes). Importing this module does not
-import vLLM; constructing the engine does.
+import vLLM; starting the engine does (through `verl_async.optional`, which names the key and
+the install line when vLLM is missing).
 
 Log-probs. vLLM runs with `logprobs_mode="processed_logprobs"` and every request asks for
 `logprobs=0` (the sampled token only): the value is `log_softmax(logits / T)` in float32,
@@ -40,6 +41,7 @@ import os
 import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from verl_async.optional import VLLM, require
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
 
 logger = logging.getLogger("verl_async.vllm")
@@ -197,14 +199,8 @@ class VLLMEngine(InferenceEngine):
         async with self._start_lock:
             if self.llm is None:
                 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA is live in this process
-                try:
-                    from vllm.engine.arg_utils import AsyncEngineArgs
-                    from vllm.v1.engine.async_llm import AsyncLLM
-                except ImportError as exc:
-                    raise ImportError(f"actor_rollout_ref.rollout.name=vllm needs vLLM (v1 AsyncLLM; tested with "
-                                      f"0.26.0; pip install 'verl_async[vllm]', or scripts/device/prepare_vllm.sh): "
-                                      f"{exc}") from exc
-                llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
+                engine_args = require(VLLM, "vllm.engine.arg_utils").AsyncEngineArgs(**self.engine_kwargs)
+                llm = require(VLLM, "vllm.v1.engine.async_llm").AsyncLLM.from_engine_args(engine_args)
                 self.max_model_len = int(llm.vllm_config.model_config.max_model_len)
                 self.llm = llm
         return self
@@ -225,11 +221,11 @@ class VLLMEngine(InferenceEngine):
         return self._version
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        await self.start()  # vLLM is importable from here on (or start() said what to install)
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        await self.start()
         sampling = request.sampling
         prefix = list(request.prefix_token_ids)
         done = self._finished_already(request)

@@ -12,8 +12,9 @@ import json
 import os
 import random
 import socket
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from verl_async.sync import rank_weight_sync
 from verl_async.trainer.hf_export import write_hf_folder
+from verl_async.trainer.rank_results import no_reference_model
 from verl_async.utils import device as device_layer
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -56,6 +58,27 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def log_prob_model(model: Any, ref_model: Any, use_ref: bool) -> Any:
+    """The model a rank's `compute_log_prob` runs: the reference (an error when none was built) or the actor."""
+    chosen = ref_model if use_ref else model
+    if chosen is None:
+        raise no_reference_model()
+    return chosen
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module, after: Callable[[], None]) -> Iterator[None]:
+    """`module` in eval mode for a log-prob pass; then (error or not) its training flag back, and `after()`
+    (the rank's offload, when the settings ask for one)."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+        after()
+
+
 def weights_dtype(device: str, compute_dtype: str, dtype: Optional[str] = None) -> torch.dtype:
     """dtype of synced / exported weights: asked for, else float32 on CPU and the compute dtype elsewhere."""
     if dtype:
@@ -85,7 +108,7 @@ class RankBase:
         self.device = device_layer.resolve(s.device)
         self.device.set_current()
         if s.device == "cpu":
-            torch.set_num_threads(int(os.environ.get("VERL_ASYNC_WORKER_THREADS", "1")))
+            torch.set_num_threads(s.cpu_threads_per_worker)
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size))
         if not dist.is_initialized():

@@ -33,8 +33,8 @@ from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
 from verl_async.trainer import offload
 from verl_async.trainer.attention import resolve_attn_implementation
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
-from verl_async.trainer.common import DTYPES, RankBase
-from verl_async.trainer.rank_results import METRIC_KEYS, LogProbRows, UpdateStats, no_reference_model, nonfinite_grads
+from verl_async.trainer.common import DTYPES, RankBase, eval_mode, log_prob_model
+from verl_async.trainer.rank_results import METRIC_KEYS, LogProbRows, UpdateStats, nonfinite_grads
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.lr_schedule import build_lr_scheduler
 from verl_async.trainer.settings import TrainerSettings
@@ -107,7 +107,7 @@ class FSDPWorker(RankBase):
     def _build_model(self, *, train: bool):
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-        from verl_async.models import load_causal_lm
+        from verl_async.models.loading import load_causal_lm
 
         s = self.settings
         model = load_causal_lm(s.model_path, dtype=torch.float32, trust_remote_code=s.trust_remote_code,
@@ -187,21 +187,14 @@ class FSDPWorker(RankBase):
     def compute_log_prob(self, batch: TensorDict, micro_batches: list[list[int]], *, use_ref: bool = False,
                          calculate_entropy: bool = False) -> dict[str, Any]:
         """Log-probs (and entropy) of this rank's rows: {"rows", "log_probs" [n,T], "entropy" [n,T] | None}."""
-        model = self.ref_model if use_ref else self.model
-        if model is None:
-            raise no_reference_model()
+        model = log_prob_model(self.model, self.ref_model, use_ref)
         self._load_if_offloaded()
-        was_training = model.training
-        model.eval()
         out = LogProbRows()
-        try:
+        with eval_mode(model, after=self._offload_if_asked):
             for rows in micro_batches:
                 logp, ent, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy,
                                              use_ref=use_ref)
                 out.add(rows, logp, ent)
-        finally:
-            model.train(was_training)
-            self._offload_if_asked()
         return out.result(batch["responses"].shape[1], calculate_entropy)
 
     # ------------------------------------------------------------------ update

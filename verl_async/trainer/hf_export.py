@@ -13,7 +13,7 @@ def write_hf_folder(path: str, hf_config: Any, state: dict[str, torch.Tensor], d
     """`save_pretrained` folder (config, safetensors, tokenizer) from full HF-named tensors."""
     from transformers import AutoModelForCausalLM
 
-    from verl_async.models import load_tokenizer
+    from verl_async.models.loading import load_tokenizer
 
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=settings.trust_remote_code)

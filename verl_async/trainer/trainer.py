@@ -36,7 +36,7 @@ from verl_async.algos import (
 from verl_async.algos.advantages import scores_to_token_rewards
 from verl_async.config.derived import recomputes_old_log_probs, required_samples, uses_reference_policy
 from verl_async.protocol import RolloutSample, collate_groups
-from verl_async.rollout.staleness import exceeds_max_staleness
+from verl_async.staleness import exceeds_max_staleness
 from verl_async.sync import build_sync_from_config
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.tracking import Tracker

@@ -188,7 +188,7 @@ class NativeEngine(InferenceEngine):
 
     # ------------------------------------------------------------------ construction helpers
     def _load(self, path, dtype, trust_remote_code, override_config, attn_implementation):
-        from verl_async.models import load_causal_lm
+        from verl_async.models.loading import load_causal_lm
 
         return load_causal_lm(
             path,
