@@ -214,6 +214,7 @@ class RolloutService:
             await self.queue.close.remote()
         out: dict[str, Any] = asdict(counters)
         out["replicas_out"] = {str(i): why for i, why in sorted(self.rollouter.health.out.items())}
+        out.update(self.reward.summary())  # reward_scored, reward_errors (the end-of-run summary)
         return out
 
     def stop(self) -> None:
