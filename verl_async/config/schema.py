@@ -416,6 +416,7 @@ class RolloutResourcesConfig:
     test_freq: int
     max_prompt_retries: int = rule(ge=0)
     max_consecutive_engine_failures: int = rule(ge=1)
+    progress_timeout_s: Optional[float] = rule(gt=0)
 
 
 @schema

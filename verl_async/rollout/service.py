@@ -28,6 +28,7 @@ from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
 from verl_async.rollout.staleness import StalenessBudget
+from verl_async.rollout.watchdog import progress_timeout_s
 from verl_async.sync_collective import EngineGroupEndpoint
 from verl_async.sync_ipc import IpcEndpoint
 from verl_async.utils.timeline import Timeline
@@ -199,6 +200,8 @@ class RolloutService:
             max_prompt_retries=int(cfg.rollout.max_prompt_retries),
             max_consecutive_engine_failures=int(cfg.rollout.max_consecutive_engine_failures),
             failed_log=os.path.join(run_dir, "rollout", "failed_prompts.jsonl"),
+            progress_timeout_s=progress_timeout_s(cfg.rollout.get("progress_timeout_s"), max(capacities),
+                                                  int(rollout_cfg.prompt_length), int(rollout_cfg.response_length)),
         )
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
