@@ -184,3 +184,21 @@ def test_end_of_run_summary_counts_failed_scores(tmp_path, capsys):
     assert summary["rollout/reward_errors"] == 3
     assert ("warning: the reward function failed on 3 of 16 scored responses (scored 0; the first failures are in "
             "the log; reward_model.max_error_rate)") in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_run_with_an_always_raising_reward_function_fails_with_one_line(tmp_path, tiny_model_dir, scorer_file):
+    """The CLI end to end: it trained on zero reward and exited 0; now it stops, exit 1, with the one line."""
+    from tests.test_fault_injection import run_main
+    from verl_async.data import builtin, write_rows
+
+    train = str(tmp_path / "train.parquet")
+    write_rows(builtin.generate_rows("train", 8, seed=3), train)
+    proc, _ = run_main(tmp_path, tiny_model_dir, (train, train), "", "trainer.val_before_train=false",
+                          f"custom_reward_function.path={scorer_file}", "custom_reward_function.name=always_raises",
+                          "reward_model.max_error_rate=0.25", "reward_model.error_window=8")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("run failed: "))
+    assert line.startswith(f"run failed: the rollouter failed: RewardFunctionError: reward function "
+                           f"{scorer_file}:always_raises failed on 3 of the last 3 scored responses")
+    assert "ValueError: boom: bad answer format; sample input: data_source='verl_async/builtin_repeat'" in line
