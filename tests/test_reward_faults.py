@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,9 +22,11 @@ from tests.test_rollout_service_faults import _service, data_files  # noqa: F401
 from tests.test_rollouter import Sink
 from tests.fakes import FakeEngine
 from verl_async.pipeline import _summarise
+from verl_async.protocol import Response, RolloutSample
 from verl_async.queue import MessageQueue
 from verl_async.reward import RewardFunctionError, build_reward_manager, to_score_dict
 from verl_async.reward.error_rate import ErrorWindow
+from verl_async.trainer.trainer import batch_metrics
 
 SCORERS = textwrap.dedent(
     """
@@ -121,6 +124,7 @@ def test_manager_marks_each_failed_response_and_stops_when_too_many_fail(scorer_
         assert [r.error for r in out] == [None, "TypeError: scorer returned NoneType, expected a number or a dict "
                                                 "with 'score'", None, out[1].error]
         assert [r.info["reward_error"] for r in out] == [0.0, 1.0, 0.0, 1.0]
+        assert [r.info.get("acc") for r in out] == [1.0, None, 1.0, None]  # failed: no answer, right or wrong
         with pytest.raises(RewardFunctionError) as info:  # 3 failures among the last 4: more than 0.5 x 4
             manager.score_texts(["raise"], [1], "src", "7")
         assert manager.summary() == {"reward_scored": 5, "reward_errors": 3}
@@ -132,12 +136,26 @@ def test_manager_marks_each_failed_response_and_stops_when_too_many_fail(scorer_
     assert "sample input: data_source='src', ground_truth='7', solution_str='raise'" in message
 
 
+def test_a_slow_import_of_the_reward_module_is_not_charged_to_the_first_response(tmp_path):
+    # A module importing torch took ~3 s, more than reward_model.timeout_s on a loaded machine: the first
+    # response of every (replacement) worker timed out. Workers now import it before they are ready.
+    path = tmp_path / "slow_import.py"
+    path.write_text("import time\ntime.sleep(2.0)\n\ndef f(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    return 1.0\n")
+    manager = build_reward_manager({"timeout_s": 1.0}, {"path": str(path), "name": "f"}, None)
+    try:
+        out = manager.score_texts(["a", "b"], [1, 1], "src", "x")
+    finally:
+        manager.close()
+    assert [(r.reward, r.error) for r in out] == [(1.0, None), (1.0, None)]
+
+
 # ---------------------------------------------------------------------------- through the Rollouter
 def _rollout(tmp_path, model_dir, files, scorer_file: str, name: str):
     """The Rollouter of a RolloutService over 8 prompts x 2 responses, scored by `name`; (service, groups)."""
     svc = _service(tmp_path, model_dir, files, [FakeEngine(max_len=6)], f"custom_reward_function.path={scorer_file}",
                    f"custom_reward_function.name={name}", "reward_model.max_error_rate=0.25",
-                   "reward_model.error_window=8")
+                   "reward_model.error_window=8", "reward_model.timeout_s=60")  # no timeouts on a loaded CI machine
     queue = MessageQueue(capacity=64, group_size=2)
     svc.rollouter.sink = Sink(queue)
     svc.rollouter.budget.limit = 64  # no trainer here: nothing would sync
@@ -177,6 +195,15 @@ def test_numpy_tensor_and_bool_scores_are_accepted(tmp_path, tiny_model_dir, dat
     assert {r.reward for g in groups for r in g.responses} == {reward}
     assert all(r.reward_info["reward_error"] == 0.0 for g in groups for r in g.responses)
     assert svc.reward.summary() == {"reward_scored": 16, "reward_errors": 0}
+
+
+def test_failed_scores_are_not_wrong_answers_in_the_training_accuracy():
+    ok = Response(token_ids=[1], log_probs=[0.0], versions=[0], finish_reason="stop", reward=1.0,
+                  reward_info={"score": 1.0, "acc": 1.0, "reward_error": 0.0})
+    failed = replace(ok, reward=0.0, reward_info={"score": 0.0, "reward_error": 1.0})
+    group = RolloutSample(uid="0:0", prompt_ids=[1], responses=[ok, failed])
+    metrics = batch_metrics([group], version=0, max_response_length=4)
+    assert metrics["critic/acc/mean"] == 1.0 and metrics["critic/score/mean"] == 0.5
 
 
 def test_end_of_run_summary_counts_failed_scores(tmp_path, capsys):

@@ -101,7 +101,7 @@ class RewardManager:
         self.overlong = overlong
         self.scorer_options = {name: dict(opts) for name, opts in (scorer_options or {}).items()}
         self.timeout_s = float(timeout_s)
-        self.pool = ScorerPool(num_workers)
+        self.pool = ScorerPool(num_workers, preload=[custom_fn] if custom_fn is not None else [])
         self.stats = RewardStats()
         self.error_window = ErrorWindow(max_error_rate, error_window)
         self._stats_lock = threading.Lock()
@@ -169,7 +169,8 @@ class RewardManager:
             info = dict(outcome.value)
             info.update(reward_error=0.0, reward_timeout=0.0)
         else:
-            info = {"score": 0.0, "acc": 0.0, "reward_error": 1.0, "reward_timeout": float(outcome.timed_out)}
+            # no "acc": a failed score is not a wrong answer (critic/acc/mean and val/* leave it out)
+            info = {"score": 0.0, "reward_error": 1.0, "reward_timeout": float(outcome.timed_out)}
         reward = info["score"]
         if self.overlong is not None:
             penalty = self.overlong.penalty(length)
