@@ -13,8 +13,8 @@ with `len` the response length in tokens (the EOS token included, as verl counts
 
 Scoring never raises because of one response: a scorer that raises, returns garbage or a
 non-finite value, or passes `reward_model.timeout_s` scores 0, is counted, logged
-(rate-limited) and marked (`Reward.error`, `info["reward_error"]`: validation counts such
-responses apart, never as wrong answers). A function that fails on more than
+(rate-limited) and marked (`Reward.error`, `info["reward_error"]`, and no `acc`: a failed
+score is no wrong answer, so accuracies leave it out). A function that fails on more than
 `reward_model.max_error_rate` of the last `reward_model.error_window` responses is broken:
 scoring raises `RewardFunctionError` and the run stops (error_rate.py). A configuration
 error (unknown data_source, missing custom function) raises too.
@@ -189,8 +189,11 @@ class RewardManager:
             self.stats.errors += 1
             self.stats.timeouts += int(outcome.timed_out)
             failures = self.stats.errors
-        if broken:
-            raise too_many_failures(self.error_window, function, _error_text(outcome), data_source, ground_truth, text)
+            # built under the lock: the message reads the window
+            stop = too_many_failures(self.error_window, function, _error_text(outcome), data_source, ground_truth,
+                                     text) if broken else None
+        if stop is not None:
+            raise stop
         if failures <= self._log_first or failures % self._log_every == 0:
             logger.warning(
                 "reward scorer %s for data_source=%r (scored 0; %d failures so far): %s; response[%d chars]=%r",
