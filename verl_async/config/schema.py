@@ -368,6 +368,8 @@ class RewardModelConfig:
     timeout_s: float = rule(gt=0)
     num_workers: int = rule(ge=1)
     gsm8k_method: str = rule(choices=("strict", "flexible"))
+    max_error_rate: float = rule(ge=0, le=1)
+    error_window: int = rule(ge=1)
     reward_kwargs: Dict[str, Any]
 
 
@@ -416,6 +418,7 @@ class RolloutResourcesConfig:
     test_freq: int
     max_prompt_retries: int = rule(ge=0)
     max_consecutive_engine_failures: int = rule(ge=1)
+    progress_timeout_s: Optional[float] = rule(gt=0)
 
 
 @schema

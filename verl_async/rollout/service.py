@@ -29,6 +29,7 @@ from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
 from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
+from verl_async.rollout.watchdog import progress_timeout_s
 from verl_async.staleness import StalenessBudget
 from verl_async.sync import rollout_weight_sync
 from verl_async.utils.timeline import Timeline
@@ -200,6 +201,8 @@ class RolloutService:
             max_prompt_retries=int(cfg.rollout.max_prompt_retries),
             max_consecutive_engine_failures=int(cfg.rollout.max_consecutive_engine_failures),
             failed_log=os.path.join(run_dir, "rollout", "failed_prompts.jsonl"),
+            progress_timeout_s=progress_timeout_s(cfg.rollout.get("progress_timeout_s"), max(capacities),
+                                                  int(rollout_cfg.prompt_length), int(rollout_cfg.response_length)),
         )
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
@@ -215,6 +218,7 @@ class RolloutService:
             await self.queue.close.remote()
         out: dict[str, Any] = asdict(counters)
         out["replicas_out"] = {str(i): why for i, why in sorted(self.rollouter.health.out.items())}
+        out.update(self.reward.summary())  # reward_scored, reward_errors (the end-of-run summary)
         return out
 
     def stop(self) -> None:
