@@ -1,8 +1,8 @@
 """The Trainer: groups from the queue in, policy updates out, weights back every k steps.
 
 Per step it takes `required_samples = ppo_mini_batch_size * require_batches` complete
-groups, builds the train batch, gets old log-probs (the rollout's in bypass mode, or
-recomputed), reference log-probs when a KL term is on, advantages, and runs the
+groups, builds the train batch, prepares it (`trainer/prepare.py`: old and reference
+log-probs, KL, advantages, rollout-correction weights and loss mask) and runs the
 worker group's update. Every `trigger_parameter_sync_step` steps it pushes the weights
 (version += 1), validates every `test_freq` versions and checkpoints every `save_freq`
 versions while generation is paused, so that a checkpoint is a consistent cut of
@@ -26,17 +26,10 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from verl_async.algos import (
-    adaptive_kl_coef,
-    compute_advantages,
-    compute_reinforce_plus_plus_advantage,
-    kl_in_reward,
-    kl_penalty,
-)
-from verl_async.algos.advantages import scores_to_token_rewards
-from verl_async.config.derived import recomputes_old_log_probs, required_samples, uses_reference_policy
+from verl_async.config.derived import required_samples
 from verl_async.protocol import RolloutSample, collate_groups
 from verl_async.rollout.staleness import exceeds_max_staleness
+from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.tracking import Tracker
 
@@ -90,23 +83,6 @@ def batch_metrics(groups: Sequence[RolloutSample], version: int, max_response_le
     return out
 
 
-def next_kl_coef(kl_ctrl: Any, coef: float, current_kl: float, n_steps: int) -> float:
-    """The in-reward KL coefficient of the next step (`algorithm.kl_ctrl`, verl semantics):
-    `fixed` keeps it; `adaptive` steers the measured KL towards `target_kl` over `horizon`."""
-    if str(kl_ctrl.type) == "fixed":
-        return coef
-    return adaptive_kl_coef(coef, current_kl, target_kl=float(kl_ctrl.target_kl), horizon=int(kl_ctrl.horizon),
-                            n_steps=n_steps)
-
-
-def update_input(batch: TensorDict, recomputed: bool) -> TensorDict:
-    """The batch the worker group trains on. Its rollout correction and `mismatch/*` metrics
-    run whenever `rollout_log_probs` is present; in bypass mode (`recomputed` false) the
-    old log-probs ARE the rollout's, so they would log a mismatch of exactly 0 that was
-    never measured: the key is left out."""
-    return batch if recomputed else batch.exclude("rollout_log_probs")
-
-
 class Trainer:
     def __init__(
         self,
@@ -132,6 +108,7 @@ class Trainer:
         self.n = int(cfg.actor_rollout_ref.rollout.n)
         self.max_staleness = cfg.algorithm.get("max_staleness")
         self.kl_coef = float(cfg.algorithm.kl_ctrl.kl_coef)  # in-reward KL; moves with kl_ctrl.type=adaptive
+        self.algorithm = StepAlgorithm.from_config(cfg)
         self.test_freq = int(cfg.trainer.test_freq or -1)
         self.save_freq = int(cfg.trainer.save_freq or -1)
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
@@ -378,9 +355,10 @@ class Trainer:
             f.write(json.dumps({"step": self.step, "version": self.version, "uids": [g.uid for g in groups]}) + "\n")
         if self.wg is None:  # rollout-only
             return metrics
-        metrics.update(self.prepare_batch(batch))
+        prepared, self.kl_coef = prepare_batch(batch, self.algorithm, self.wg, self.kl_coef, self._logprob_span)
+        metrics.update(prepared)
         t1 = time.perf_counter()
-        metrics.update(self.wg.update(update_input(batch, recomputes_old_log_probs(self.cfg))))
+        metrics.update(self.wg.update(update_input(batch, self.algorithm.recompute_old_log_probs)))
         t2 = time.perf_counter()
         self._save_train_output(batch, metrics)
         mask_tokens = int(batch["attention_mask"].sum())
@@ -392,54 +370,8 @@ class Trainer:
         self.timeline.record("trainer/driver", "train", step_start, self.timeline.now(), self.version, tokens=mask_tokens)
         return metrics
 
-    def prepare_batch(self, batch: TensorDict) -> dict[str, float]:
-        """old / ref log-probs, (KL-shaped) rewards and advantages, added to the batch in place."""
-        cfg = self.cfg
-        algo = cfg.algorithm
-        mask = batch["response_mask"]
-        metrics: dict[str, float] = {}
-        recompute = recomputes_old_log_probs(cfg)
-        if recompute:
-            with self.timeline.span("trainer/driver", "logprob", self.version):
-                # entropy comes with the same forward (verl logs it from here too)
-                old, entropy = self.wg.compute_log_prob(batch, calculate_entropy=True)
-            metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-            diff = (old - batch["rollout_log_probs"]).abs()
-            denom = mask.sum().clamp(min=1)
-            metrics["mismatch/train_rollout_logprob_abs_diff"] = float((diff * mask).sum() / denom)
-            metrics["mismatch/train_rollout_logprob_abs_diff_max"] = float((diff * mask).max()) if mask.any() else 0.0
-            r = batch["rollout_log_probs"] - old
-            metrics["mismatch/k3_kl"] = float(((torch.exp(r) - r - 1) * mask).sum() / denom)
-        else:
-            old = batch["rollout_log_probs"].clone()
-        batch["old_log_probs"] = old
-        if uses_reference_policy(cfg):
-            ref = self.wg.compute_ref_log_prob(batch)
-            batch["ref_log_prob"] = ref
-            kl = kl_penalty(old, ref, "kl") * mask
-            metrics["actor/ref_kl_of_old"] = float(kl.sum() / mask.sum().clamp(min=1))
-        scores = batch["scores"]
-        if bool(algo.use_kl_in_reward):
-            token_rewards, mean_kl = kl_in_reward(
-                scores_to_token_rewards(scores, mask), old, batch["ref_log_prob"], mask,
-                kl_coef=self.kl_coef, kind=str(algo.kl_penalty),
-            )
-            metrics["critic/kl_in_reward"] = mean_kl
-            metrics["critic/kl_in_reward_coef"] = self.kl_coef
-            self.kl_coef = next_kl_coef(algo.kl_ctrl, self.kl_coef, mean_kl, n_steps=int(mask.shape[0]))
-            if str(algo.adv_estimator) == "reinforce_plus_plus":
-                adv = compute_reinforce_plus_plus_advantage(token_rewards, mask, gamma=float(algo.gamma))
-                batch["advantages"] = adv
-                return metrics
-            scores = token_rewards.sum(-1)
-        batch["advantages"] = compute_advantages(
-            str(algo.adv_estimator), scores, batch["group_index"], mask,
-            norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo), gamma=float(algo.gamma),
-        )
-        valid = mask.bool()
-        metrics["critic/advantages/mean"] = float(batch["advantages"][valid].mean()) if valid.any() else 0.0
-        metrics["critic/advantages/max"] = float(batch["advantages"][valid].max()) if valid.any() else 0.0
-        return metrics
+    def _logprob_span(self):
+        return self.timeline.span("trainer/driver", "logprob", self.version)
 
     # ------------------------------------------------------------------ debug dumps
     def _save_rollout_data(self, groups: list[RolloutSample]) -> None:
