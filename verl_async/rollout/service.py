@@ -24,7 +24,13 @@ from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import InferenceEngine, SamplingParams
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
-from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
+from verl_async.config.derived import (
+    colocated_device_ids,
+    max_required_samples,
+    required_samples,
+    rollout_replicas,
+    validation_timeout_s,
+)
 from verl_async.rollout.staleness import StalenessBudget
 from verl_async.rollout.validation import Validator
 from verl_async.sync_collective import EngineGroupEndpoint
@@ -193,6 +199,7 @@ class RolloutService:
         self.validator = None if self.val_dataset is None else Validator(
             self.val_dataset, self.reward, sampling_from(rollout_cfg, eos, validation=True),
             k=int(rollout_cfg.val_kwargs.n), max_num_seqs=int(rollout_cfg.max_num_seqs), timeline=self.timeline,
+            timeout_s=validation_timeout_s(cfg, len(self.val_dataset)),
         )
         self._run_started = time.monotonic()
 
@@ -296,6 +303,10 @@ class RolloutService:
             return {}
         return await self.validator.run([self.engines[i] for i in self.rollouter.health.serving()] or self.engines,
                                         version)
+
+    def validation_timeout_s(self) -> float:
+        """How long one validation may take (0 without data.val_files): the Trainer waits that long."""
+        return 0.0 if self.validator is None else self.validator.timeout_s
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict:

@@ -4,9 +4,11 @@ Per step it takes `required_samples = ppo_mini_batch_size * require_batches` com
 groups, builds the train batch, prepares it (`trainer/prepare.py`: old and reference
 log-probs, KL, advantages, rollout-correction weights and loss mask) and runs the
 worker group's update. Every `trigger_parameter_sync_step` steps it pushes the weights
-(version += 1), validates every `test_freq` versions and checkpoints every `save_freq`
+(version += 1), checkpoints every `save_freq` versions and then validates every `test_freq`
 versions while generation is paused, so that a checkpoint is a consistent cut of
-(trainer weights, dataset cursor, queued groups, in-flight prompts).
+(trainer weights, dataset cursor, queued groups, in-flight prompts). A checkpoint never
+depends on a validation: it is written first, and a validation that fails or times out
+(`trainer.val_timeout_s`) is logged and training goes on.
 
 A plain class: the recipe wraps it in a threaded Ray actor (so `progress()` and
 `stop()` answer while `run()` works); tests may drive it in-process.
@@ -26,7 +28,8 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from verl_async.config.derived import required_samples
+from verl_async.config.derived import finish_timeout_s, required_samples
+from verl_async.errors import root_cause
 from verl_async.protocol import RolloutSample, collate_groups
 from verl_async.rollout.staleness import exceeds_max_staleness
 from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
@@ -39,6 +42,8 @@ QUEUE_POLL_S = 2.0
 # The trainer waiting for groups while the Rollouter idles on its staleness budget, both this
 # long, is a deadlock (only the trainer's next sync frees the budget): an error, not a hang.
 STALL_LIMIT_S = 60.0
+# The Trainer waits this much longer than the Rollouter's own validation timeout (which fires first).
+VALIDATION_GRACE_S = 120.0
 
 
 class DeadlockError(RuntimeError):
@@ -125,6 +130,8 @@ class Trainer:
         self.started = time.monotonic()
         self.last: dict[str, float] = {}
         self.val_history: list[dict[str, float]] = []
+        self.val_failures: list[dict[str, Any]] = []  # {"version", "error"}: logged, training went on
+        self._val_timeout_s: Optional[float] = None  # the Rollouter's, asked once
         self._stop = threading.Event()
         self._trained_log = os.path.join(run_dir, "trained_uids.jsonl")
         self.sync = None
@@ -199,21 +206,57 @@ class Trainer:
             return self.sync.push(self.version, self._while_paused if with_hooks else None)
 
     def _while_paused(self) -> dict[str, float]:
+        """Checkpoint, then validate: the checkpoint never waits on (or is lost with) a validation."""
         out: dict[str, float] = {}
-        if self.test_freq > 0 and self.version % self.test_freq == 0 and self.version > 0:
-            self.validate()  # logs its own metrics at this version
         if self.save_freq > 0 and self.version % self.save_freq == 0 and self.version > 0:
             out["timing_s/save_checkpoint"] = self.save_checkpoint()
+        if self.test_freq > 0 and self.version % self.test_freq == 0 and self.version > 0:
+            self.validate()  # logs its own metrics at this version
         return out
 
     def validate(self) -> dict[str, float]:
+        """`val/*` at this version, logged; {} without validation data or when the validation failed.
+
+        A failure (any error, or no answer within the validation timeout) is one error log
+        line and an entry of `val_failures` (the end-of-run summary lists them): a run is
+        never stopped by its validation.
+        """
         if self.rollouter is None:
             return {}
-        metrics = ray.get(self.rollouter.validate.remote(self.version), timeout=3600)
+        wait = None
+        try:
+            wait = self.timeouts()["validation_s"]
+            metrics = ray.get(self.rollouter.validate.remote(self.version), timeout=wait)
+        except ray.exceptions.GetTimeoutError:
+            within = "in time" if wait is None else f"within {wait:.0f} s"
+            return self._validation_failed(f"the Rollouter did not answer {within}; raise trainer.val_timeout_s")
+        except Exception as exc:  # noqa: BLE001 - whatever it was, training goes on
+            return self._validation_failed(root_cause(exc))
         if metrics:
             self.val_history.append({"version": self.version, **metrics})
             self.tracker.log(metrics, step=self.version)
         return metrics
+
+    def _validation_failed(self, error: str) -> dict[str, float]:
+        logger.error("validation at version %d failed, training goes on: %s", self.version, error)
+        self.val_failures.append({"version": self.version, "error": error})
+        return {}
+
+    def validate_before_training(self) -> tuple[dict[str, float], Optional[str]]:
+        """verl's `val_before_train`: (metrics, the failure for the driver to print, or None)."""
+        failed = len(self.val_failures)
+        metrics = self.validate()
+        return metrics, (self.val_failures[-1]["error"] if len(self.val_failures) > failed else None)
+
+    def timeouts(self) -> dict[str, float]:
+        """How long the driver waits for a validation and for `finish()` (trainer.val_timeout_s and
+        trainer.finish_timeout_s, or their derived values: config/derived.py)."""
+        if self._val_timeout_s is None:
+            self._val_timeout_s = 0.0 if self.rollouter is None else float(
+                ray.get(self.rollouter.validation_timeout_s.remote(), timeout=120))
+        validation = self._val_timeout_s + VALIDATION_GRACE_S
+        return {"validation_s": validation,
+                "finish_s": finish_timeout_s(self.cfg, validation if self.test_freq > 0 else 0.0)}
 
     def save_checkpoint(self) -> float:
         t0 = time.perf_counter()
@@ -284,22 +327,20 @@ class Trainer:
         return self.summary()
 
     def finish(self) -> dict[str, float]:
-        """After the last step: put the final weights on the engines, validate, checkpoint."""
+        """After the last step: put the final weights on the engines, checkpoint, then validate (test_freq > 0)."""
         if self.wg is None:
             return {}
         if self.step % self.trigger != 0:  # the last updates are not on the engines yet
             self.version += 1
             self.push_weights(with_hooks=False)
-        metrics: dict[str, float] = {}
-        if self.test_freq != 0:
-            last = self.val_history[-1] if self.val_history else None
-            if last is not None and last["version"] == self.version:  # test_freq divides the last version
-                metrics = {k: v for k, v in last.items() if k != "version"}
-            else:
-                metrics = self.validate()
         if self.save_freq > 0 and self.step > 0:
             self.save_checkpoint()
-        return metrics
+        if self.test_freq <= 0:
+            return {}
+        last = self.val_history[-1] if self.val_history else None
+        if last is not None and last["version"] == self.version:  # test_freq divides the last version
+            return {k: v for k, v in last.items() if k != "version"}
+        return self.validate()
 
     def close(self) -> None:
         self.tracker.close()
@@ -314,6 +355,7 @@ class Trainer:
             "trainer_idle_ratio": self.wait_s / max(wall, 1e-9),
             "dropped_stale_groups": self.dropped_stale,
             "validation": self.val_history,
+            "validation_failures": self.val_failures,
         }
 
     def _drop_too_stale(self, groups: list[RolloutSample]) -> list[RolloutSample]:
