@@ -208,10 +208,8 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
         if rollouter is not None:
             refs["rollouter"] = rollouter.run.remote()
         results = wait_both(refs, trainer, {"trainer": trainer, "rollouter": rollouter}, total_steps=total_steps)
-        after = {}
-        if rollouter is not None:
-            after = _get("the final sync, checkpoint and validation", trainer.finish.remote(), timeouts["finish_s"],
-                         key=f"trainer.finish_timeout_s ({FINISH_TIMEOUT_RULE})")
+        after = _get("the final sync, checkpoint and validation", trainer.finish.remote(), timeouts["finish_s"],
+                     key=f"trainer.finish_timeout_s ({FINISH_TIMEOUT_RULE})")
         if after:
             print(f"validation after training (version {results['trainer']['version']}): {_fmt(after)}", flush=True)
         results["trainer"]["validation_failures"] = _get(

@@ -172,9 +172,14 @@ class Trainer:
             self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
         queued = extra.get("queue", [])
         ray.get(self.queue.restore.remote(queued), timeout=120)
-        redo = ray.get(
-            self.rollouter.load_state_dict.remote(extra["rollouter"], [g["uid"] for g in queued]), timeout=120
-        )
+        redo = 0
+        if self.rollouter is not None and extra.get("rollouter") is not None:
+            redo = ray.get(
+                self.rollouter.load_state_dict.remote(extra["rollouter"], [g["uid"] for g in queued]), timeout=120
+            )
+        elif self.rollouter is not None:  # written by a train-only run (debug.load_rollout_data)
+            logger.warning("%s holds no Rollouter state (a train-only checkpoint): the data starts at its beginning",
+                           path)
         self._truncate_trained_log(self.step)
         logger.info("resumed from %s: version %d, step %d, %d queued groups, %d prompts to regenerate",
                     path, self.version, self.step, len(queued), redo)
@@ -201,7 +206,8 @@ class Trainer:
         if self.sync is None:
             if self.rollouter is not None:  # rollout-only: no weights, just reopen the budget
                 ray.get(self.rollouter.resume_after_sync.remote(self.version), timeout=120)
-            return {}
+            # train-only (debug.load_rollout_data): no engines to sync, but checkpoints are due as in any run
+            return self._while_paused() if with_hooks and self.wg is not None else {}
         with self.timeline.span("sync", "sync", self.version):
             return self.sync.push(self.version, self._while_paused if with_hooks else None)
 
@@ -262,7 +268,7 @@ class Trainer:
         t0 = time.perf_counter()
         # The Rollouter's pending prompts first, then the queue: a group put between the two calls
         # is then in both (load_state_dict skips pending uids found in the queue), never in neither.
-        rollouter_state = ray.get(self.rollouter.state_dict.remote(), timeout=120)
+        rollouter_state = None if self.rollouter is None else ray.get(self.rollouter.state_dict.remote(), timeout=120)
         extra = {
             "version": self.version,
             "step": self.step,
