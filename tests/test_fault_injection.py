@@ -93,7 +93,7 @@ def test_validation_with_missing_samples_neither_stops_the_run_nor_loses_its_che
                           "actor_rollout_ref.rollout.val_kwargs.n=3", "trainer.save_freq=3")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "validation before training (version 0): val/mean@3/acc=" in proc.stdout
-    assert "(6 of 12 validation samples missing: failed requests)" in proc.stdout
+    assert "(6 of 12 validation samples missing: 6 failed requests)" in proc.stdout
     assert "validation after training" not in proc.stdout  # test_freq=-1: no validation at the end either
     # 4 steps, a sync every 2: versions 1 and 2; no save_freq multiple, the end of the run saves version 2
     assert os.path.exists(tmp_path / "run" / "global_step_2" / "actor")

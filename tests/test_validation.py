@@ -18,6 +18,8 @@ import ray
 from tests.fakes import FakeEngine
 from verl_async.config import compose, validate
 from verl_async.config.derived import finish_timeout_s, validation_timeout_s
+from verl_async.reward import RewardFunctionError
+from verl_async.reward.manager import Reward as RewardManagerResult
 from verl_async.rollout.engine import SamplingParams
 from verl_async.rollout.validation import ScoredPrompt, ValidationError, Validator, validation_metrics
 from verl_async.trainer.trainer import VALIDATION_GRACE_S, Trainer
@@ -31,13 +33,14 @@ def test_metrics_average_each_prompt_over_the_samples_it_has():
         ScoredPrompt("a", scores=[0.5], accs=[1.0]),  # lost 2
         ScoredPrompt("b", scores=[0.0, 0.0, 0.0], accs=[0.0, 0.0, 0.0]),
     ]  # a fourth prompt lost all 3 and is left out
-    out = validation_metrics(3, prompts, [4, 6, 2, 1, 1, 1], requested=12, failed=6)
+    out = validation_metrics(3, prompts, [4, 6, 2, 1, 1, 1, 3], requested=12, failed=5, reward_errors=1)
     assert out == pytest.approx({
         "val/mean@3/score": (0.5 + 0.5 + 0.0) / 3,
         "val/mean@3/acc": (0.5 + 1.0 + 0.0) / 3,
         "val/pass@3/acc": (1.0 + 1.0 + 0.0) / 3,
-        "val/response_length/mean": 15 / 6,
-        "val/failed_requests": 6.0,
+        "val/response_length/mean": 18 / 7,  # every generated response, the one that failed to score too
+        "val/failed_requests": 5.0,
+        "val/reward_errors": 1.0,
         "val/requested_samples": 12.0,
         "val/missing_samples": 6.0,  # 12 asked for, 6 scored
         "val/a/acc": (0.5 + 1.0) / 2,
@@ -46,7 +49,7 @@ def test_metrics_average_each_prompt_over_the_samples_it_has():
 
 
 def test_metrics_without_any_sample_are_an_error_not_zero():
-    with pytest.raises(ValidationError, match="no validation prompt has a sample"):
+    with pytest.raises(ValidationError, match="no validation prompt has a scored sample"):
         validation_metrics(2, [], [], requested=4, failed=4)
 
 
@@ -65,7 +68,15 @@ class Reward:
     """Every response is right."""
 
     def score_group(self, token_ids, data_source, ground_truth, extra_info):
-        return [SimpleNamespace(reward=1.0, info={"acc": 1.0}) for _ in token_ids]
+        return [RewardManagerResult(1.0, {"acc": 1.0}) for _ in token_ids]
+
+
+class FirstFails(Reward):
+    """The reward function fails on the first response of a group, scores the second right and the rest wrong."""
+
+    def score_group(self, token_ids, data_source, ground_truth, extra_info):
+        failed = RewardManagerResult(0.0, {"score": 0.0, "reward_error": 1.0}, "ValueError: unparsable")
+        return [failed] + [RewardManagerResult(float(i == 0), {"acc": float(i == 0)}) for i in range(len(token_ids) - 1)]
 
 
 def prompts(count: int) -> list:
@@ -73,8 +84,8 @@ def prompts(count: int) -> list:
             for i in range(count)]
 
 
-def validator(tmp_path, engines_timeout_s: float = 30.0, k: int = 3, count: int = 4) -> Validator:
-    return Validator(prompts(count), Reward(), SamplingParams(max_tokens=8, seed=1), k=k, max_num_seqs=8,
+def validator(tmp_path, engines_timeout_s: float = 30.0, k: int = 3, count: int = 4, reward=None) -> Validator:
+    return Validator(prompts(count), reward or Reward(), SamplingParams(max_tokens=8, seed=1), k=k, max_num_seqs=8,
                      timeline=Timeline(str(tmp_path / "timeline.jsonl"), time.time()), timeout_s=engines_timeout_s)
 
 
@@ -85,6 +96,13 @@ def test_prompts_that_lost_different_numbers_of_samples_are_scored(tmp_path):
     assert out["val/failed_requests"] == engines[1].calls == 6
     assert out["val/missing_samples"] == 6.0 and out["val/requested_samples"] == 12.0
     assert out["val/mean@3/acc"] == out["val/pass@3/acc"] == 1.0
+
+
+def test_failed_scores_are_left_out_not_counted_as_wrong_answers(tmp_path):
+    out = asyncio.run(validator(tmp_path, reward=FirstFails()).run([FakeEngine()], version=0))
+    # per prompt: a failure (left out), one right, one wrong answer -> mean 1/2 (not 1/3), pass 1
+    assert out["val/mean@3/acc"] == pytest.approx(0.5) and out["val/pass@3/acc"] == 1.0
+    assert out["val/reward_errors"] == 4.0 and out["val/missing_samples"] == 4.0 and out["val/failed_requests"] == 0
 
 
 class HangingEngine(FakeEngine):
@@ -188,6 +206,13 @@ def test_a_validation_that_does_not_answer_in_time_names_the_key(trainer):
     assert side.waits == [5.0 + VALIDATION_GRACE_S]  # the Rollouter's own timeout fires first
     assert t.val_failures[0]["error"] == (f"the Rollouter did not answer within {5.0 + VALIDATION_GRACE_S:.0f} s; "
                                           "raise trainer.val_timeout_s")
+
+
+def test_a_reward_function_that_fails_too_often_stops_the_run_also_in_validation(trainer):
+    t = trainer(Side(validation=RewardFunctionError("reward function f failed on 3 of the last 3")), "trainer.test_freq=1")
+    with pytest.raises(RewardFunctionError, match="failed on 3 of the last 3"):
+        t.validate()
+    assert t.val_failures == []
 
 
 @pytest.mark.parametrize("test_freq", [-1, 0])

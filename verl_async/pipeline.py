@@ -232,8 +232,10 @@ def _fmt(metrics: dict[str, float]) -> str:
     line = ", ".join(f"{k}={metrics[k]:.3f}" for k in sorted(keys))
     missing = int(metrics.get("val/missing_samples", 0))
     if missing:
-        line += (f" ({missing} of {int(metrics['val/requested_samples'])} validation samples missing: failed "
-                 f"requests)")
+        why = [f"{int(metrics.get(key, 0))} {what}" for key, what in
+               (("val/failed_requests", "failed requests"), ("val/reward_errors", "failed scores"))
+               if metrics.get(key, 0)]
+        line += f" ({missing} of {int(metrics['val/requested_samples'])} validation samples missing: {', '.join(why)})"
     return line
 
 

@@ -5,9 +5,11 @@ engines it is given (the Rollouter's, between two training phases: the trainer a
 it while generation is paused for a weight sync), scores them with the run's reward
 manager and returns `val/*` metrics. `RolloutService.validate` is its one caller.
 
-Metrics are over the samples that exist: a failed request leaves its prompt with fewer
-than k samples (`val/missing_samples`), each prompt counts with the samples it has
-(`validation_metrics`). A validation that cannot report anything (every request failed,
+Metrics are over the samples that exist and scored: a failed request, or a response the
+reward function failed on (`Reward.error`; never counted as a wrong answer), leaves its
+prompt with fewer than k samples (`val/missing_samples`), each prompt counts with the
+samples it has (`validation_metrics`). A reward function that fails too often raises
+`RewardFunctionError`, which stops the run (reward_model.max_error_rate). A validation that cannot report anything (every request failed,
 or `trainer.val_timeout_s` passed) raises `ValidationError`; the Trainer logs it and
 training goes on.
 """
@@ -52,16 +54,18 @@ class ScoredPrompt(NamedTuple):
 
 
 def validation_metrics(k: int, prompts: Sequence[ScoredPrompt], lengths: Sequence[int], *, requested: int,
-                       failed: int) -> dict[str, float]:
+                       failed: int, reward_errors: int = 0) -> dict[str, float]:
     """`val/*` over the samples that exist, per prompt (verl's mean@k / pass@k averaged over prompts).
 
     mean@k is the mean of each prompt's mean, pass@k the mean of each prompt's best
     accuracy, both over the samples that prompt has; prompts without any are left out.
-    `requested` samples were asked for, `failed` requests failed; the difference between
-    `requested` and the samples scored is `val/missing_samples`.
+    `requested` samples were asked for, `failed` requests failed, the reward function
+    failed on `reward_errors` responses; the difference between `requested` and the
+    samples scored is `val/missing_samples`. `lengths`: of every generated response.
     """
     if not prompts:
-        raise ValidationError(f"no validation prompt has a sample ({failed} of {requested} requests failed)")
+        raise ValidationError(f"no validation prompt has a scored sample ({failed} of {requested} requests failed, "
+                              f"the reward function failed on {reward_errors})")
     by_source: dict[str, list[float]] = collections.defaultdict(list)
     for p in prompts:
         by_source[p.source].append(float(np.mean(p.accs)))
@@ -71,6 +75,7 @@ def validation_metrics(k: int, prompts: Sequence[ScoredPrompt], lengths: Sequenc
         f"val/pass@{k}/acc": float(np.mean([max(p.accs) for p in prompts])),
         "val/response_length/mean": float(np.mean(lengths)) if len(lengths) else 0.0,
         "val/failed_requests": float(failed),
+        "val/reward_errors": float(reward_errors),
         "val/requested_samples": float(requested),
         "val/missing_samples": float(requested - sum(len(p.scores) for p in prompts)),
     }
@@ -141,6 +146,7 @@ class Validator:
                            "metrics cover the responses that exist", version, len(errors), len(results), errors[0])
         scored: list[ScoredPrompt] = []
         lengths: list[int] = []
+        reward_errors: list[str] = []
         for i, item in enumerate(items):
             group = [r for r in results[i * k : (i + 1) * k] if r.error is None]
             if not group:
@@ -148,8 +154,16 @@ class Validator:
             rewards = await asyncio.to_thread(
                 self.reward.score_group, [r.token_ids for r in group], item.data_source, item.ground_truth, item.extra_info
             )
-            scored.append(ScoredPrompt(item.data_source, [float(r.info.get("score", r.reward)) for r in rewards],
-                                       [float(r.info.get("acc", float(r.reward > 0))) for r in rewards]))
             lengths += [len(r.token_ids) for r in group]
+            reward_errors += [r.error for r in rewards if r.error is not None]
+            ok = [r for r in rewards if r.error is None]  # a failed score is no answer, not a wrong one
+            if ok:
+                scored.append(ScoredPrompt(item.data_source, [float(r.info.get("score", r.reward)) for r in ok],
+                                           [float(r.info.get("acc", float(r.reward > 0))) for r in ok]))
+        if reward_errors:
+            logger.warning("validation at version %d: the reward function failed on %d of %d responses (first error: "
+                           "%s); they are left out of val/*", version, len(reward_errors), len(lengths),
+                           reward_errors[0])
         self.timeline.record("rollout/validation", "validate", t0, self.timeline.now(), version)
-        return validation_metrics(k, scored, lengths, requested=len(results), failed=len(errors))
+        return validation_metrics(k, scored, lengths, requested=len(results), failed=len(errors),
+                                  reward_errors=len(reward_errors))

@@ -29,8 +29,9 @@ import torch
 from tensordict import TensorDict
 
 from verl_async.config.derived import finish_timeout_s, required_samples
-from verl_async.errors import root_cause
+from verl_async.errors import innermost_cause, root_cause
 from verl_async.protocol import RolloutSample, collate_groups
+from verl_async.reward.error_rate import RewardFunctionError
 from verl_async.staleness import exceeds_max_staleness
 from verl_async.sync import build_sync_from_config
 from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
@@ -217,7 +218,8 @@ class Trainer:
 
         A failure (any error, or no answer within the validation timeout) is one error log
         line and an entry of `val_failures` (the end-of-run summary lists them): a run is
-        never stopped by its validation.
+        never stopped by its validation. The exception is `RewardFunctionError`: the reward
+        function fails too often, which stops the run whoever scored (as in training).
         """
         if self.rollouter is None:
             return {}
@@ -229,6 +231,8 @@ class Trainer:
             within = "in time" if wait is None else f"within {wait:.0f} s"
             return self._validation_failed(f"the Rollouter did not answer {within}; raise trainer.val_timeout_s")
         except Exception as exc:  # noqa: BLE001 - whatever it was, training goes on
+            if isinstance(innermost_cause(exc), RewardFunctionError):
+                raise  # the reward function itself is broken (reward_model.max_error_rate): the run stops
             return self._validation_failed(root_cause(exc))
         if metrics:
             self.val_history.append({"version": self.version, **metrics})
