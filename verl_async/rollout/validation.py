@@ -8,10 +8,10 @@ manager and returns `val/*` metrics. `RolloutService.validate` is its one caller
 Metrics are over the samples that exist and scored: a failed request, or a response the
 reward function failed on (`Reward.error`; never counted as a wrong answer), leaves its
 prompt with fewer than k samples (`val/missing_samples`), each prompt counts with the
-samples it has (`validation_metrics`). A reward function that fails too often raises
-`RewardFunctionError`, which stops the run (reward_model.max_error_rate). A validation that cannot report anything (every request failed,
-or `trainer.val_timeout_s` passed) raises `ValidationError`; the Trainer logs it and
-training goes on.
+samples it has (`validation_metrics`). A validation that cannot report anything (every
+request failed, or `trainer.val_timeout_s` passed) raises `ValidationError`; the Trainer
+logs it and training goes on. A reward function that fails too often raises
+`RewardFunctionError` (reward_model.max_error_rate), which stops the run as in training.
 """
 
 from __future__ import annotations
