@@ -95,6 +95,17 @@ class RolloutCorrectionSettings:
     veto_rule: str = "old_prob"
     batch_normalize: bool = False
 
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "RolloutCorrectionSettings":
+        """`actor_rollout_ref.actor.rollout_correction` of the full config (worker group and Trainer read it so)."""
+        key = "actor_rollout_ref.actor.rollout_correction"
+        rc = _get(cfg, key, {}) or {}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(rc) - known
+        if unknown:
+            raise ValueError(f"{key} has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**dict(rc))
+
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `verl_async.algos.rollout_correction`."""
         d = dataclasses.asdict(self)
@@ -209,11 +220,7 @@ class TrainerSettings:
             raise ValueError(f"{a}.optim.betas must hold two numbers, got {optim.betas!r}")
         if not 0.0 <= optim.min_lr_ratio <= 1.0:
             raise ValueError(f"{a}.optim.min_lr_ratio must be in [0, 1], got {optim.min_lr_ratio}")
-        rc = g(f"{a}.rollout_correction", {}) or {}
-        rc_fields = {f.name for f in dataclasses.fields(RolloutCorrectionSettings)}
-        unknown = set(rc) - rc_fields
-        if unknown:
-            raise ValueError(f"{a}.rollout_correction has unknown keys {sorted(unknown)}; known: {sorted(rc_fields)}")
+        rollout_correction = RolloutCorrectionSettings.from_config(cfg)
         loss_mode = g(f"{a}.policy_loss.loss_mode", "vanilla")
         _choice(f"{a}.policy_loss.loss_mode", loss_mode, ("vanilla",))
         grad_clip = g(f"{a}.grad_clip", 1.0)
@@ -262,7 +269,7 @@ class TrainerSettings:
             kl_loss_coef=float(g(f"{a}.kl_loss_coef", 0.001)),
             kl_loss_type=_choice(f"{a}.kl_loss_type", g(f"{a}.kl_loss_type", "low_var_kl"), KL_TYPES),
             need_ref=use_kl_loss or bool(g("algorithm.use_kl_in_reward", False)),
-            rollout_correction=RolloutCorrectionSettings(**{k: v for k, v in dict(rc).items()}),
+            rollout_correction=rollout_correction,
             optim=optim,
             response_length=(int(g(f"{r}.response_length")) if g(f"{r}.response_length", None) else None),
             # greedy rollouts (do_sample=false) carry T=1 log-probs: recompute those
