@@ -74,6 +74,7 @@ from verl_async.trainer.checkpoint import checkpoint_dir, mark_latest, publish, 
 from verl_async.trainer.fsdp_worker import FSDPWorker
 from verl_async.trainer.prepare import correction_inputs
 from verl_async.trainer.settings import TrainerSettings
+from verl_async.trainer.token_budget import device_budget, unset_budgets
 from verl_async.utils import device as device_layer
 from verl_async.utils.waiting import WaitTimeout, finished_in_turn
 
@@ -160,7 +161,22 @@ class RayWorkerGroup:
         addr, port = self._call_one(0, "master_address")
         self.info = self._call("init", addr, port)
         self._set_dp_ranks(self.info)
+        self._size_token_budgets()
         return self.info
+
+    def _size_token_budgets(self) -> None:
+        """Budgets the config left to the device (null): sized from the ranks' free memory (token_budget.py)."""
+        import logging
+
+        unset = unset_budgets(self.settings)
+        if not unset:
+            return
+        data = self.config.get("data", {})
+        longest = int(data.get("max_prompt_length", 0) or 0) + int(data.get("max_response_length", 0) or 0)
+        tokens, why = device_budget([i["memory"] for i in self.info], longest,
+                                    gradient_checkpointing=self.settings.gradient_checkpointing)
+        logging.getLogger("verl_async.trainer").warning("%s: %s = %s", self.name, ", ".join(unset), why)
+        self.set_options(**{key: tokens for key in unset})
 
     def _set_dp_ranks(self, info: list[dict]) -> None:
         """Ranks that report a `dp_rank` share the plan of their model replica."""
