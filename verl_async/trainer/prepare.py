@@ -1,4 +1,4 @@
-"""A training step's algorithm on the driver, in one place (DESIGN.md "One sample's way", step 4).
+"""A training step's algorithm on the driver, in one place (docs/architecture.md "One sample's way", step 8).
 
 From the collated batch of a step's groups to the batch the worker group trains on:
 
