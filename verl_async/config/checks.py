@@ -83,8 +83,43 @@ def strategy_sections(cfg: DictConfig) -> None:
 def unsupported_features(cfg: DictConfig) -> None:
     if cfg.actor_rollout_ref.model.lora_rank > 0:
         raise ConfigError("actor_rollout_ref.model.lora_rank", "LoRA is not supported by verl_async; set it to 0")
-    if cfg.reward_model.enable:
-        raise ConfigError("reward_model.enable", "model-based reward models are not supported; rewards are rule-based")
+    if cfg.reward_model.enable or cfg.reward.reward_model.get("enable"):
+        key = "reward_model.enable" if cfg.reward_model.enable else "reward.reward_model.enable"
+        raise ConfigError(key, "model-based reward models are not supported; rewards are rule-based (set it to false "
+                               "and score with reward.custom_reward_function.path/name)")
+    refusals = {
+        "actor_rollout_ref.rollout.multi_turn.enable": (
+            bool(cfg.actor_rollout_ref.rollout.multi_turn.get("enable")),
+            "multi-turn tool calling (verl's agent loop) is not implemented; responses are single-turn: set it to false"),
+        "data.custom_cls.path": (
+            cfg.data.custom_cls.path is not None,
+            "custom dataset classes are not supported; write the data as verl's parquet schema (prompt, data_source, "
+            "reward_model.ground_truth) and set data.custom_cls.path=null"),
+        "reward.reward_manager.source": (
+            cfg.reward.reward_manager.source == "importlib",
+            "importlib (a custom reward manager class) is not supported; use reward.reward_manager.name=naive|dapo "
+            "with a reward.custom_reward_function"),
+        "reward.sandbox_fusion.url": (
+            cfg.reward.sandbox_fusion.get("url") is not None,
+            "code-execution rewards (sandbox fusion) are not supported; score with reward.custom_reward_function"),
+    }
+    for key, (refused, why) in refusals.items():
+        if refused:
+            raise ConfigError(key, why)
+
+
+@check
+def no_expert_parallelism(cfg: DictConfig) -> None:
+    """The Megatron trainer converts dense models only: expert parallelism would have no experts to split."""
+    if cfg.actor_rollout_ref.actor.strategy != "megatron":
+        return
+    for role in ("actor", "ref"):
+        m = cfg.actor_rollout_ref[role].megatron
+        for name, neutral in (("expert_model_parallel_size", (1,)), ("expert_tensor_parallel_size", (None, 1))):
+            if m[name] not in neutral:
+                raise ConfigError(f"actor_rollout_ref.{role}.megatron.{name}",
+                                  f"{m[name]}: MoE expert parallelism is not implemented (the Megatron trainer "
+                                  "converts dense models); set it to 1")
 
 
 @check
