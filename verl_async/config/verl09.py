@@ -12,7 +12,7 @@ lacks (vision-language models, expert-parallel generation, LoRA adapters) are re
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from omegaconf import DictConfig
 
@@ -49,27 +49,41 @@ UNIMPLEMENTED_VALUES: Dict[Tuple[str, str], str] = {
 }
 
 
-def _parent(raw: Dict[str, Any], key: str) -> Tuple[Any, str]:
+def _chain(raw: Dict[str, Any], key: str) -> Optional[List[dict]]:
+    """The dicts from `raw` down to the one holding `key`; None when `key` is not set."""
     *parents, name = key.split(".")
-    node: Any = raw
+    chain = [raw]
     for part in parents:
-        node = node.get(part) if isinstance(node, dict) else None
-    return node, name
+        child = chain[-1].get(part)
+        if not isinstance(child, dict):
+            return None
+        chain.append(child)
+    return chain if name in chain[-1] else None
+
+
+def _drop(chain: List[dict], key: str) -> None:
+    """Remove `key`, then every dict that leaves empty (an empty `lora: {}` would be an unknown key)."""
+    parts = key.split(".")
+    del chain[-1][parts[-1]]
+    for depth in range(len(chain) - 1, 0, -1):
+        if chain[depth]:
+            break
+        del chain[depth - 1][parts[depth - 1]]
 
 
 def refuse_unimplemented(raw: Dict[str, Any]) -> None:
     """ConfigError for a verl key or value of a feature verl_async lacks; a neutral value is removed from `raw`."""
     for item in UNIMPLEMENTED:
-        node, name = _parent(raw, item.key)
-        if not isinstance(node, dict) or name not in node:
+        chain = _chain(raw, item.key)
+        if chain is None:
             continue
-        if node[name] in item.neutral:
-            del node[name]
-            continue
-        raise ConfigError(item.key, f"{node[name]!r}: {item.why}")
+        value = chain[-1][item.key.rsplit(".", 1)[-1]]
+        if value not in item.neutral:
+            raise ConfigError(item.key, f"{value!r}: {item.why}")
+        _drop(chain, item.key)
     for (key, value), why in UNIMPLEMENTED_VALUES.items():
-        node, name = _parent(raw, key)
-        if isinstance(node, dict) and node.get(name) == value:
+        chain = _chain(raw, key)
+        if chain is not None and chain[-1][key.rsplit(".", 1)[-1]] == value:
             raise ConfigError(key, f"{value}: {why}")
 
 
