@@ -226,3 +226,16 @@ def test_unused_verl_keys_are_named(caplog):
     named = sorted(r.getMessage().split("=")[0] for r in caplog.records)
     assert named == ["actor_rollout_ref.actor.fsdp_config.fsdp_size", "actor_rollout_ref.rollout.multi_turn.max_user_turns",
                      "data.gen_batch_size", "reward.reward_model.model_path"]
+
+
+def test_preflight_refuses_a_vision_language_model(tmp_path):
+    from verl_async.config.preflight import check_model_folder
+
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2_5_vl", "vision_config": {"depth": 32}}')
+    cfg = OmegaConf.create({"actor_rollout_ref": {"model": {"path": str(tmp_path)}}})
+    with pytest.raises(ConfigError) as err:
+        check_model_folder(cfg)
+    assert str(err.value) == (f"actor_rollout_ref.model.path: {tmp_path} is a vision-language model (config.json has "
+                              "vision_config); VLM training is not implemented in verl_async: use a text-only model")
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
+    check_model_folder(cfg)

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
 from verl_async.models.names import BUILTIN_MODELS, is_gguf
+from verl_async.utils.tracking import logger_problem
 
 Check = Callable[[DictConfig], None]
 CHECKS: List[Check] = []
@@ -317,6 +318,18 @@ def colocation(cfg: DictConfig) -> None:
             f"{cfg.async_training.sync_transport} cannot join two processes of one device (rollout.colocate=true); "
             "use object_store (or cuda_ipc on CUDA)",
         )
+
+
+# --------------------------------------------------------------------------- observability
+@check
+def loggers(cfg: DictConfig) -> None:
+    """verl's logger names; `tracking` (verl's deprecated name of wandb) is set to wandb here."""
+    names = ["wandb" if name == "tracking" else name for name in cfg.trainer.logger]
+    for name in names:
+        problem = logger_problem(name)
+        if problem:
+            raise ConfigError("trainer.logger", problem)
+    cfg.trainer.logger = list(dict.fromkeys(names))
 
 
 # --------------------------------------------------------------------------- files

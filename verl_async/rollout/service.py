@@ -33,6 +33,7 @@ from verl_async.rollout.watchdog import progress_timeout_s
 from verl_async.staleness import StalenessBudget
 from verl_async.sync import rollout_weight_sync
 from verl_async.utils.timeline import Timeline
+from verl_async.utils.tracking import VAL_GENERATIONS_KEY, val_generations
 
 logger = logging.getLogger("verl_async.rollout")
 
@@ -287,8 +288,11 @@ class RolloutService:
         return out
 
     # ------------------------------------------------------------------ validation
-    async def validate(self, version: int) -> dict[str, float]:
+    async def validate(self, version: int) -> dict[str, Any]:
         """mean@k and pass@k of the scorer on data.val_files, with rollout.val_kwargs sampling.
+
+        With trainer.log_val_generations=N the dict also holds N samples under
+        VAL_GENERATIONS_KEY (a list, not a metric: the trainer pops it for its tracker).
 
         Only responses that exist are scored: failed requests are counted
         (`val/failed_requests`), a prompt with none is left out, and a validation without
@@ -320,6 +324,7 @@ class RolloutService:
             logger.warning("validation at version %d: %d of %d generation requests failed (first error: %s); "
                            "metrics cover the responses that exist", version, len(errors), len(results), errors[0])
         scores, accs, lengths = [], [], []
+        shown: list[tuple] = []  # (prompt ids, response ids, reward) of each scored response: log_val_generations
         by_source: dict[str, list[float]] = collections.defaultdict(list)
         for i, item in enumerate(items):
             group = [r for r in results[i * k : (i + 1) * k] if r.error is None]
@@ -333,6 +338,7 @@ class RolloutService:
             scores.append(s)
             accs.append(a)
             lengths += [len(r.token_ids) for r in group]
+            shown += [(item.prompt_ids, r.token_ids, w.reward) for r, w in zip(group, rewards)]
             by_source[item.data_source].append(float(np.mean(a)))
         self.timeline.record("rollout/validation", "validate", t0, self.timeline.now(), version)
         out = {
@@ -344,6 +350,10 @@ class RolloutService:
         }
         for source, values in by_source.items():
             out[f"val/{source}/acc"] = float(np.mean(values))
+        n_shown = int(self.cfg.trainer.log_val_generations)
+        if n_shown > 0 and shown:  # not a metric: the trainer pops it and hands it to Tracker.log_generations
+            out[VAL_GENERATIONS_KEY] = val_generations(self.reward.tokenizer, [p for p, _, _ in shown],
+                                                       [r for _, r, _ in shown], [w for _, _, w in shown], n_shown)
         return out
 
     # ------------------------------------------------------------------ resume
