@@ -82,13 +82,14 @@ def strategy_sections(cfg: DictConfig) -> None:
 
 @check
 def unsupported_features(cfg: DictConfig) -> None:
-    if cfg.actor_rollout_ref.model.lora_rank > 0:
-        raise ConfigError("actor_rollout_ref.model.lora_rank", "LoRA is not supported by verl_async; set it to 0")
-    if cfg.reward_model.enable or cfg.reward.reward_model.get("enable"):
-        key = "reward_model.enable" if cfg.reward_model.enable else "reward.reward_model.enable"
-        raise ConfigError(key, "model-based reward models are not supported; rewards are rule-based (set it to false "
-                               "and score with reward.custom_reward_function.path/name)")
+    """verl features verl_async does not implement, set on: refused, saying what to do instead."""
+    reward_model = ("model-based reward models are not supported; rewards are rule-based (set it to false and score "
+                    "with reward.custom_reward_function.path/name)")
     refusals = {
+        "actor_rollout_ref.model.lora_rank": (
+            cfg.actor_rollout_ref.model.lora_rank > 0, "LoRA is not supported by verl_async; set it to 0"),
+        "reward_model.enable": (cfg.reward_model.enable, reward_model),
+        "reward.reward_model.enable": (bool(cfg.reward.reward_model.get("enable")), reward_model),
         "actor_rollout_ref.rollout.multi_turn.enable": (
             bool(cfg.actor_rollout_ref.rollout.multi_turn.get("enable")),
             "multi-turn tool calling (verl's agent loop) is not implemented; responses are single-turn: set it to false"),
