@@ -18,6 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
 from verl_async.models.names import BUILTIN_MODELS, is_gguf
+from verl_async.utils.tracking import logger_problem
 
 Check = Callable[[DictConfig], None]
 CHECKS: List[Check] = []
@@ -81,10 +82,46 @@ def strategy_sections(cfg: DictConfig) -> None:
 
 @check
 def unsupported_features(cfg: DictConfig) -> None:
-    if cfg.actor_rollout_ref.model.lora_rank > 0:
-        raise ConfigError("actor_rollout_ref.model.lora_rank", "LoRA is not supported by verl_async; set it to 0")
-    if cfg.reward_model.enable:
-        raise ConfigError("reward_model.enable", "model-based reward models are not supported; rewards are rule-based")
+    """verl features verl_async does not implement, set on: refused, saying what to do instead."""
+    reward_model = ("model-based reward models are not supported; rewards are rule-based (set it to false and score "
+                    "with reward.custom_reward_function.path/name)")
+    refusals = {
+        "actor_rollout_ref.model.lora_rank": (
+            cfg.actor_rollout_ref.model.lora_rank > 0, "LoRA is not supported by verl_async; set it to 0"),
+        "reward_model.enable": (cfg.reward_model.enable, reward_model),
+        "reward.reward_model.enable": (bool(cfg.reward.reward_model.get("enable")), reward_model),
+        "actor_rollout_ref.rollout.multi_turn.enable": (
+            bool(cfg.actor_rollout_ref.rollout.multi_turn.get("enable")),
+            "multi-turn tool calling (verl's agent loop) is not implemented; responses are single-turn: set it to false"),
+        "data.custom_cls.path": (
+            cfg.data.custom_cls.path is not None,
+            "custom dataset classes are not supported; write the data as verl's parquet schema (prompt, data_source, "
+            "reward_model.ground_truth) and set data.custom_cls.path=null"),
+        "reward.reward_manager.source": (
+            cfg.reward.reward_manager.source == "importlib",
+            "importlib (a custom reward manager class) is not supported; use reward.reward_manager.name=naive|dapo "
+            "with a reward.custom_reward_function"),
+        "reward.sandbox_fusion.url": (
+            cfg.reward.sandbox_fusion.get("url") is not None,
+            "code-execution rewards (sandbox fusion) are not supported; score with reward.custom_reward_function"),
+    }
+    for key, (refused, why) in refusals.items():
+        if refused:
+            raise ConfigError(key, why)
+
+
+@check
+def no_expert_parallelism(cfg: DictConfig) -> None:
+    """The Megatron trainer converts dense models only: expert parallelism would have no experts to split."""
+    if cfg.actor_rollout_ref.actor.strategy != "megatron":
+        return
+    for role in ("actor", "ref"):
+        m = cfg.actor_rollout_ref[role].megatron
+        for name, neutral in (("expert_model_parallel_size", (1,)), ("expert_tensor_parallel_size", (None, 1))):
+            if m[name] not in neutral:
+                raise ConfigError(f"actor_rollout_ref.{role}.megatron.{name}",
+                                  f"{m[name]}: MoE expert parallelism is not implemented (the Megatron trainer "
+                                  "converts dense models); set it to 1")
 
 
 @check
@@ -282,6 +319,18 @@ def colocation(cfg: DictConfig) -> None:
             f"{cfg.async_training.sync_transport} cannot join two processes of one device (rollout.colocate=true); "
             "use object_store (or cuda_ipc on CUDA)",
         )
+
+
+# --------------------------------------------------------------------------- observability
+@check
+def loggers(cfg: DictConfig) -> None:
+    """verl's logger names; `tracking` (verl's deprecated name of wandb) is set to wandb here."""
+    names = ["wandb" if name == "tracking" else name for name in cfg.trainer.logger]
+    for name in names:
+        problem = logger_problem(name)
+        if problem:
+            raise ConfigError("trainer.logger", problem)
+    cfg.trainer.logger = list(dict.fromkeys(names))
 
 
 # --------------------------------------------------------------------------- files

@@ -8,6 +8,7 @@ raise ConfigError naming the key that points at the bad thing.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Dict, Optional
 
@@ -27,6 +28,7 @@ def preflight(cfg: DictConfig) -> Dict[str, Any]:
     check_transformers()
     check_device(cfg)
     check_model_folder(cfg)
+    check_loggers(cfg)
     rows = {split: count_rows(cfg, split) for split in ("train", "val")}
     train_rows = rows["train"]
     need = derived.required_samples(cfg)
@@ -52,10 +54,32 @@ def check_device(cfg: DictConfig) -> None:
 
 
 def check_model_folder(cfg: DictConfig) -> None:
-    """A local model folder (validate() made sure it exists) must hold an HF config."""
-    path = os.path.expanduser(cfg.actor_rollout_ref.model.path)
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
-        raise ConfigError("actor_rollout_ref.model.path", f"{cfg.actor_rollout_ref.model.path} has no config.json (not an HF model folder)")
+    """A local model folder (validate() made sure it exists) must hold the HF config of a text-only model."""
+    given = cfg.actor_rollout_ref.model.path
+    path = os.path.expanduser(given)
+    if not os.path.isdir(path):
+        return
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise ConfigError("actor_rollout_ref.model.path", f"{given} has no config.json (not an HF model folder)")
+    try:
+        with open(config_file, encoding="utf-8") as fh:
+            hf_config = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("actor_rollout_ref.model.path", f"{config_file} does not read as JSON: {exc}") from None
+    if isinstance(hf_config, dict) and "vision_config" in hf_config:
+        raise ConfigError("actor_rollout_ref.model.path", f"{given} is a vision-language model (config.json has "
+                                                          "vision_config); VLM training is not implemented in "
+                                                          "verl_async: use a text-only model")
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """Each trainer.logger backend's package is installed (the trainer would fail to start without it)."""
+    from verl_async.utils.tracking import missing_packages
+
+    missing = missing_packages(cfg.trainer.logger)
+    if missing:
+        raise ConfigError("trainer.logger", missing[0])
 
 
 def count_rows(cfg: DictConfig, split: str) -> Optional[int]:

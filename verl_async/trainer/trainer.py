@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import ray
 import torch
+from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from verl_async.config.derived import finish_timeout_s, required_samples
@@ -36,7 +37,7 @@ from verl_async.staleness import exceeds_max_staleness
 from verl_async.sync import build_sync_from_config
 from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
 from verl_async.utils.timeline import Timeline
-from verl_async.utils.tracking import Tracker
+from verl_async.utils.tracking import VAL_GENERATIONS_KEY, Tracker
 
 logger = logging.getLogger("verl_async.trainer")
 
@@ -122,7 +123,8 @@ class Trainer:
         self.tracker = Tracker(
             cfg.trainer.logger, os.path.join(run_dir, "tensorboard"),
             project=str(cfg.trainer.project_name), experiment=str(cfg.trainer.experiment_name),
-            console_keys=CONSOLE_KEYS,
+            config=OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else None,
+            console_keys=CONSOLE_KEYS, file_path=os.path.join(run_dir, "metrics.jsonl"),
         )
         self.version = 0
         self.step = 0
@@ -234,9 +236,12 @@ class Trainer:
             if isinstance(innermost_cause(exc), RewardFunctionError):
                 raise  # the reward function itself is broken (reward_model.max_error_rate): the run stops
             return self._validation_failed(root_cause(exc))
+        generations = metrics.pop(VAL_GENERATIONS_KEY, None)  # trainer.log_val_generations: not a metric
         if metrics:
             self.val_history.append({"version": self.version, **metrics})
             self.tracker.log(metrics, step=self.version)
+        if generations:
+            self.tracker.log_generations(generations, step=self.version)
         return metrics
 
     def _validation_failed(self, error: str) -> dict[str, float]:
