@@ -13,7 +13,10 @@ find the newest complete checkpoint and keep at most `max_actor_ckpt_to_keep`.
 A checkpoint is written into `global_step_{N}.tmp/` and renamed into place once complete
 (`staging_dir`, `publish`): the final save after the last sync may write the same step
 again, and writing into the finished folder would leave its old meta.json next to half
-of the new files after a crash.
+of the new files after a crash. Publishing a step that is already on disk takes two
+renames (the old folder to `.old`, the new one in); a kill between them leaves no
+`global_step_{N}` at all. `latest_checkpoint` therefore also looks at those leftovers
+(read-only), and `recover_interrupted_publish` finishes the publish before a resume.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from typing import Optional
 
 COMPLETE_MARKER = "meta.json"
 STAGING_SUFFIX = ".tmp"  # global_step_{N}.tmp: being written; never matched by _STEP_DIR
+REPLACED_SUFFIX = ".old"  # global_step_{N}.old: the step's previous save, while publish() swaps it
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
+_LEFTOVER_DIR = re.compile(r"^global_step_(\d+)(\.tmp|\.old)$")
 
 
 def checkpoint_dir(root: str, step: int, role: str = "actor") -> str:
@@ -49,9 +54,9 @@ def publish(root: str, step: int) -> str:
     final = step_folder(root, step)
     staging = final + STAGING_SUFFIX
     if os.path.exists(final):
-        old = final + ".old"
+        old = final + REPLACED_SUFFIX
         shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)  # a crash right here falls back to the previous step's checkpoint
+        os.replace(final, old)  # a kill right here leaves .old and .tmp: recover_interrupted_publish()
         os.replace(staging, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
@@ -83,16 +88,60 @@ def mark_latest(root: str, step: int) -> None:
     os.replace(tmp, os.path.join(root, LATEST_FILE))
 
 
+def _complete_copy(root: str, step: int, role: str) -> Optional[str]:
+    """The complete `role` folder of `step`: the published one, else what an interrupted publish left
+    (its new, complete staging folder first, then the previous save it had moved aside)."""
+    for suffix in ("", STAGING_SUFFIX, REPLACED_SUFFIX):
+        path = os.path.join(step_folder(root, step) + suffix, role)
+        if is_complete(path) and (suffix == "" or not os.path.exists(step_folder(root, step))):
+            return path
+    return None
+
+
 def latest_checkpoint(root: str, role: str = "actor") -> Optional[str]:
-    """The newest complete checkpoint (the tracker file first, else the highest step found)."""
+    """The newest complete checkpoint (the tracker file first, else the highest step found).
+
+    Read-only: a step whose publish was interrupted is found in its leftover folder (see
+    `recover_interrupted_publish`, which moves it back into place).
+    """
     tracker = os.path.join(root, LATEST_FILE)
     if os.path.exists(tracker):
         with open(tracker) as f:
             text = f.read().strip()
-        if text.isdigit() and is_complete(checkpoint_dir(root, int(text), role)):
-            return checkpoint_dir(root, int(text), role)
-    found = list_checkpoints(root, role)
-    return found[-1][1] if found else None
+        found = _complete_copy(root, int(text), role) if text.isdigit() else None
+        if found is not None:
+            return found
+    if not os.path.isdir(root):
+        return None
+    steps = {int(m.group(1)) for m in map(_STEP_DIR.match, os.listdir(root)) if m}
+    steps |= {int(m.group(1)) for m in map(_LEFTOVER_DIR.match, os.listdir(root)) if m}
+    for step in sorted(steps, reverse=True):
+        found = _complete_copy(root, step, role)
+        if found is not None:
+            return found
+    return None
+
+
+def recover_interrupted_publish(root: str, role: str = "actor") -> list[str]:
+    """Finish what a kill inside `publish` or a save left: returns the renames done ("src -> dst").
+
+    A step without its `global_step_{N}` folder gets back its newest complete leftover; leftovers
+    of a step that is in place, and staging folders without their completion marker, are removed.
+    Call it before resuming (never while a save may run).
+    """
+    if not os.path.isdir(root):
+        return []
+    done = []
+    for step in sorted({int(m.group(1)) for m in map(_LEFTOVER_DIR.match, os.listdir(root)) if m}):
+        final = step_folder(root, step)
+        found = _complete_copy(root, step, role)
+        if found is not None and not found.startswith(final + os.sep):
+            source = os.path.dirname(found)
+            os.replace(source, final)
+            done.append(f"{source} -> {final}")
+        for suffix in (STAGING_SUFFIX, REPLACED_SUFFIX):
+            shutil.rmtree(final + suffix, ignore_errors=True)
+    return done
 
 
 def rotate_checkpoints(root: str, keep: Optional[int], role: str = "actor") -> list[str]:

@@ -165,7 +165,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ resume
     def find_checkpoint(self) -> Optional[str]:
-        from verl_async.trainer.checkpoint import latest_checkpoint
+        from verl_async.trainer.checkpoint import latest_checkpoint, recover_interrupted_publish
 
         mode = str(self.cfg.trainer.resume_mode)
         if mode == "disable":
@@ -174,7 +174,10 @@ class Trainer:
             return str(self.cfg.trainer.resume_from_path)
         if mode != "auto":  # a path given directly
             return mode
-        return latest_checkpoint(str(self.cfg.trainer.default_local_dir))
+        root = str(self.cfg.trainer.default_local_dir)
+        for move in recover_interrupted_publish(root):  # a kill inside the last save's publish
+            logger.warning("finished an interrupted checkpoint publish: %s", move)
+        return latest_checkpoint(root)
 
     def restore(self) -> int:
         """Load the latest (or given) checkpoint: weights, queue, cursor; returns the version to push."""
