@@ -23,6 +23,7 @@ Check = Callable[[DictConfig], None]
 CHECKS: List[Check] = []
 
 BUILTIN_PREFIX = "builtin://"
+_A = "actor_rollout_ref"
 
 
 def check(fn: Check) -> Check:
@@ -232,6 +233,34 @@ def lengths(cfg: DictConfig) -> None:
             "actor_rollout_ref.rollout.max_model_len",
             f"{rollout.max_model_len} < prompt_length + response_length = {rollout.prompt_length + rollout.response_length}",
         )
+
+
+@check
+def sequence_fits_token_budgets(cfg: DictConfig) -> None:
+    """With dynamic batch sizes a micro-batch packs whole sequences up to a token budget, so the longest
+    possible sequence must fit one (the trainer would otherwise fail at the first update, hours in)."""
+    if cfg.debug.rollout_only:
+        return
+    aref, data = cfg.actor_rollout_ref, cfg.data
+    response = aref.rollout.response_length
+    response_key = "data.max_response_length" if response == data.max_response_length else f"{_A}.rollout.response_length"
+    longest = data.max_prompt_length + response
+    budgets = [
+        (f"{_A}.actor.ppo_max_token_len_per_gpu", aref.actor.ppo_max_token_len_per_gpu, aref.actor.use_dynamic_bsz,
+         "update"),
+        (f"{_A}.rollout.log_prob_max_token_len_per_gpu", aref.rollout.log_prob_max_token_len_per_gpu,
+         aref.rollout.log_prob_use_dynamic_bsz and derived.recomputes_old_log_probs(cfg), "old log-prob"),
+        (f"{_A}.ref.log_prob_max_token_len_per_gpu", aref.ref.log_prob_max_token_len_per_gpu,
+         aref.ref.log_prob_use_dynamic_bsz and derived.uses_reference_policy(cfg), "reference log-prob"),
+    ]
+    for key, budget, used, what in budgets:
+        if used and budget < longest:
+            raise ConfigError(
+                key,
+                f"{budget} tokens per {what} micro-batch cannot hold one sequence of up to data.max_prompt_length + "
+                f"{response_key} = {data.max_prompt_length} + {response} = {longest} tokens (dynamic batch size packs "
+                f"whole sequences); raise it to at least {longest} or shorten those lengths",
+            )
 
 
 @check
