@@ -73,10 +73,10 @@ class ServiceState:
 
 class CapturingGroup:
     def __init__(self) -> None:
-        self.extra = None
+        self.extra = self.info = None
 
-    def save_checkpoint(self, root, extra, step):
-        self.extra = extra
+    def save_checkpoint(self, root, extra, step, info=None):
+        self.extra, self.info = extra, info
 
 
 def test_group_finishing_during_a_checkpoint_is_kept(monkeypatch, tmp_path):
@@ -106,7 +106,8 @@ def test_group_finishing_during_a_checkpoint_is_kept(monkeypatch, tmp_path):
 
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
     trainer = Trainer.__new__(Trainer)
-    trainer.cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}})
+    trainer.cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)},
+                                    "actor_rollout_ref": {"rollout": {"n": 2}}})
     trainer.version, trainer.step, trainer.kl_coef = 1, 1, 0.001
     trainer.wg = CapturingGroup()
     trainer.queue = Handle(q, loop, between)
@@ -116,6 +117,7 @@ def test_group_finishing_during_a_checkpoint_is_kept(monkeypatch, tmp_path):
         extra = trainer.wg.extra
         kept = [g["uid"] for g in extra["queue"]] + [p["uid"] for p in extra["rollouter"]["pending"]]
         assert "e0-i0" in kept, extra
+        assert trainer.wg.info == {"step": 1, "version": 1, "rollout_n": 2}  # run_info.json: what a resume must match
         loop.call(ro.resume_after_sync, 1)
         run.result(10)
     finally:

@@ -45,3 +45,184 @@ def test_budgets_not_in_use_are_not_checked():
     check("data.max_prompt_length=5000", f"{A}.actor.use_dynamic_bsz=false",
           f"{A}.rollout.log_prob_max_token_len_per_gpu=10", f"{A}.ref.log_prob_max_token_len_per_gpu=10")
     check("data.max_prompt_length=5000", "debug.rollout_only=true")  # no trainer at all
+
+
+# --------------------------------------------------------------------------- preflight (in-process)
+def row(content: str = "Natalia sold 48 clips. How many?", data_source: str = "openai/gsm8k") -> dict:
+    return {"prompt": [{"role": "user", "content": content}], "data_source": data_source, "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "72"}, "extra_info": {"split": "train", "index": 0}}
+
+
+def parquet(path, rows: list) -> str:
+    from verl_async.data import write_rows
+
+    return write_rows(rows, str(path))
+
+
+def cfg_for(tmp_path, model, train, *overrides: str):
+    return check(f"{A}.model.path={model}", f"data.train_files={train}", "data.val_files=null",
+                 f"trainer.default_local_dir={tmp_path / 'run'}", *overrides)
+
+
+def preflight_error(cfg) -> ConfigError:
+    from verl_async.config.preflight import preflight
+
+    with pytest.raises(ConfigError) as info:
+        preflight(cfg)
+    return info.value
+
+
+def test_overlong_prompt_names_the_file_the_row_and_its_length(tmp_path, tiny_model_dir):
+    """data.truncation=error used to surface after Ray and the trainer started, inside an ActorDiedError."""
+    train = parquet(tmp_path / "train.parquet", [row()] * 2 + [row("x" * 200)] + [row()] * 7)
+    err = preflight_error(cfg_for(tmp_path, tiny_model_dir, train))
+    # byte tokenizer: <|im_start|> + "user\n" (5) + 200 bytes + <|im_end|> + "\n" + <|im_start|> + "assistant\n" (10)
+    assert err.key == "data.train_files"
+    assert err.reason.startswith(f"{train}: row 2: prompt is 219 tokens, longer than data.max_prompt_length=128"), err
+
+
+def test_overlong_prompts_filtered_or_truncated_pass_and_are_counted(tmp_path, tiny_model_dir):
+    from verl_async.config.preflight import preflight
+    from verl_async.config.summary import describe
+
+    train = parquet(tmp_path / "train.parquet", [row()] * 8 + [row("x" * 200)] * 2)
+    cfg = cfg_for(tmp_path, tiny_model_dir, train, "data.filter_overlong_prompts=true")
+    facts = preflight(cfg)
+    assert facts["rows"]["train"] == 10 and facts["prompts"]["train"] == 8
+    assert "(10 rows, 8 used (skipped or filtered: 2))" in describe(cfg, facts)
+    assert preflight(cfg_for(tmp_path, tiny_model_dir, train, "data.truncation=left"))["prompts"]["train"] == 10
+    err = preflight_error(cfg_for(tmp_path, tiny_model_dir, train, "data.filter_overlong_prompts=true",
+                                  f"{A}.actor.ppo_mini_batch_size=9"))
+    assert err.key == f"{A}.actor.ppo_mini_batch_size" and "has only 8 rows (of 10 read" in err.reason, err
+
+
+def test_missing_engine_package_is_named(tmp_path, tiny_model_dir):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed")
+    train = parquet(tmp_path / "train.parquet", [row()] * 8)
+    err = preflight_error(cfg_for(tmp_path, tiny_model_dir, train, f"{A}.rollout.name=vllm"))
+    assert err.key == f"{A}.rollout.name" and err.reason.startswith("vllm is not installed in this Python"), err
+
+
+def test_custom_reward_function_name_and_import_are_checked(tmp_path, tiny_model_dir):
+    """A wrong custom_reward_function.name used to fail after Ray started."""
+    train = parquet(tmp_path / "train.parquet", [row()] * 8)
+    scorer = tmp_path / "my_reward.py"
+    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    err = preflight_error(cfg_for(tmp_path, tiny_model_dir, train, f"custom_reward_function.path={scorer}",
+                                  "custom_reward_function.name=compute_scor"))
+    assert err.key == "custom_reward_function.name"
+    assert err.reason == f"'compute_scor': no function of that name in '{scorer}'", err
+    broken = tmp_path / "broken.py"
+    broken.write_text("import no_such_module_here\n")
+    err = preflight_error(cfg_for(tmp_path, tiny_model_dir, train, f"custom_reward_function.path={broken}"))
+    assert err.key == "custom_reward_function.path" and "importing it failed" in err.reason
+    assert "no_such_module_here" in err.reason, err
+    from verl_async.config.preflight import preflight
+
+    preflight(cfg_for(tmp_path, tiny_model_dir, train, f"custom_reward_function.path={scorer}"))  # the right name
+
+
+def test_data_source_without_a_scorer_names_its_first_row(tmp_path, tiny_model_dir):
+    train = parquet(tmp_path / "train.parquet", [row()] * 5 + [row(data_source="my/task")] * 3)
+    err = preflight_error(cfg_for(tmp_path, tiny_model_dir, train))
+    assert err.key == "data.train_files" and err.reason.startswith(f"{train}:5: no reward function for "
+                                                                   "data_source='my/task'"), err
+
+
+# --------------------------------------------------------------------------- an HF id without a hub
+README_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once closed
+
+
+@pytest.fixture
+def empty_hf_cache(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_cache"))
+    return constants
+
+
+def test_hub_id_offline_and_not_cached_says_how_to_provide_a_folder(empty_hf_cache, monkeypatch):
+    from verl_async.config.model_source import check_model_source
+
+    monkeypatch.setattr(empty_hf_cache, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ConfigError) as info:
+        check_model_source(README_MODEL)
+    err = info.value
+    assert err.key == f"{A}.model.path" and "not in the HF cache" in err.reason and "HF_HUB_OFFLINE=1" in err.reason
+    assert f"hf download {README_MODEL} --local-dir DIR" in err.reason and f"{A}.model.path=DIR" in err.reason
+
+
+def test_unreachable_hub_is_found_in_one_short_request(empty_hf_cache, monkeypatch):
+    """transformers retries each file for ~50 s in every worker; the preflight asks once."""
+    import time
+
+    from verl_async.config.model_source import check_model_source
+
+    monkeypatch.setattr(empty_hf_cache, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(empty_hf_cache, "ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        check_model_source(README_MODEL)
+    assert time.monotonic() - t0 < 10
+    assert "is not reachable" in info.value.reason and "Connection refused" in info.value.reason, info.value
+
+
+def test_hub_id_in_the_local_cache_needs_no_hub(empty_hf_cache, monkeypatch, tiny_model_dir):
+    import os
+    import shutil
+
+    from verl_async.config.model_source import check_model_source, hub_problem
+
+    monkeypatch.setattr(empty_hf_cache, "HF_HUB_OFFLINE", True)
+    repo = os.path.join(empty_hf_cache.HF_HUB_CACHE, "models--local--tiny")
+    shutil.copytree(tiny_model_dir, os.path.join(repo, "snapshots", "0" * 40))
+    os.makedirs(os.path.join(repo, "refs"))
+    with open(os.path.join(repo, "refs", "main"), "w") as f:
+        f.write("0" * 40)
+    assert hub_problem("local/tiny") is None
+    check_model_source("local/tiny")
+    assert hub_problem("local/other") is not None
+
+
+# --------------------------------------------------------------------------- the entry point: one line, no Ray
+def entry(*args: str, **env: str):
+    from tests.test_entry import run_entry
+
+    return run_entry(*args, **env)
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_dry_run_does_the_checks_it_reports(tmp_path, tiny_model_dir):
+    """The dry run said "config, device and data are valid" for data that then failed inside Ray."""
+    train = parquet(tmp_path / "train.parquet", [row()] * 2 + [row("x" * 200)] + [row()] * 7)
+    proc = entry(f"{A}.model.path={tiny_model_dir}", f"data.train_files={train}", "data.val_files=null",
+                 f"hydra.run.dir={tmp_path / 'hydra'}", VERL_ASYNC_DRY_RUN="1")
+    assert one_error_line(proc).startswith(f"config error: data.train_files: {train}: row 2: prompt is 219 tokens")
+    assert "dry run" not in proc.stdout
+
+
+def test_readme_model_without_hub_stops_before_anything_starts(tmp_path):
+    """The README's quickstart id with no local copy and no hub: one line in seconds, no run folder, no Ray."""
+    run_dir = tmp_path / "run"
+    proc = entry(f"{A}.model.path={README_MODEL}", f"trainer.default_local_dir={run_dir}",
+                 f"hydra.run.dir={tmp_path / 'hydra'}", HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    line = one_error_line(proc)
+    assert line.startswith(f"config error: {A}.model.path: {README_MODEL} is not a local folder and not in the HF cache")
+    assert not run_dir.exists()

@@ -19,6 +19,7 @@ from verl_async.models.builtin import resolve_model_path
 from verl_async.models.loading import load_tokenizer
 from verl_async.queue import MessageQueue
 from verl_async.config.derived import max_required_samples, required_samples
+from verl_async.config.resume import step_of
 from verl_async.errors import PipelineError
 from verl_async.rollout.faults import FAIL_ENV
 from verl_async.rollout.service import RolloutService
@@ -193,15 +194,18 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
         )
         actors.append(trainer)
         version = _get("the resume", trainer.restore.remote(), timeout)
+        total_steps = None
+        if rollouter is not None:
+            prompts = int(ray.get(rollouter.total_prompts.remote(), timeout=timeout))
+            total_steps = max(1, -(-prompts // required_samples(cfg)))
+        resumed = _get("the resume", trainer.resume_point.remote(), timeout)
+        print(f"resuming from {resumed['path']}{step_of(resumed['step'], total_steps)}" if resumed["path"]
+              else "starting fresh", flush=True)
         _get("the first weight sync", trainer.push_weights.remote(False), timeout)  # version `version` on every replica
         before = {}
         if rollouter is not None and bool(cfg.trainer.val_before_train):
             before = _get("the validation before training", trainer.validate.remote(), timeout)
             print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
-        total_steps = None
-        if rollouter is not None:
-            prompts = int(ray.get(rollouter.total_prompts.remote(), timeout=timeout))
-            total_steps = max(1, -(-prompts // required_samples(cfg)))
         refs = {"trainer": trainer.run.remote()}
         if rollouter is not None:
             refs["rollouter"] = rollouter.run.remote()
@@ -253,8 +257,10 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     if rollout.get("failed_prompts"):
         print(f"warning: {rollout['failed_prompts']} prompt(s) failed on every retry and were not trained "
               f"(list: {os.path.join(run_dir, 'rollout', 'failed_prompts.jsonl')})", flush=True)
+    steps, start = summary.get("trainer/steps", 0), summary.get("trainer/start_step", 0)
+    resumed = f" (resumed at step {start}, now at step {steps})" if start else ""
     print(
-        f"done in {wall:.1f}s: {summary.get('trainer/steps', 0)} steps, version {summary.get('trainer/version', 0)}, "
+        f"done in {wall:.1f}s: {steps - start} steps trained{resumed}, version {summary.get('trainer/version', 0)}, "
         f"outputs in {run_dir} (tensorboard/, timeline.html, rollout/lengths.jsonl)",
         flush=True,
     )

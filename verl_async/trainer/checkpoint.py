@@ -4,7 +4,9 @@
         dcp/                torch.distributed.checkpoint shards (model + optimizer)
         trainer_state.pt    lr scheduler, global step, skipped steps, the caller's `extra`
         rng_rank{r}.pt      RNG states per rank
-        meta.json           written last: marks the checkpoint complete
+        meta.json           written last by the ranks: marks the checkpoint complete (model_path, layout)
+        run_info.json       what a resume must match (verl_async.config.resume.run_facts) and the step,
+                            written by the driver before the folder is published
     {default_local_dir}/latest_checkpointed_iteration.txt   N of the newest complete one
 
 The caller decides when to save (`trainer.save_freq`); these helpers name folders,
@@ -21,12 +23,14 @@ renames (the old folder to `.old`, the new one in); a kill between them leaves n
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
-from typing import Optional
+from typing import Any, Optional
 
 COMPLETE_MARKER = "meta.json"
+RUN_INFO = "run_info.json"
 STAGING_SUFFIX = ".tmp"  # global_step_{N}.tmp: being written; never matched by _STEP_DIR
 REPLACED_SUFFIX = ".old"  # global_step_{N}.old: the step's previous save, while publish() swaps it
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -62,6 +66,22 @@ def publish(root: str, step: int) -> str:
     else:
         os.replace(staging, final)
     return final
+
+
+def write_run_info(path: str, info: dict[str, Any]) -> None:
+    with open(os.path.join(path, RUN_INFO), "w") as f:
+        json.dump(info, f, indent=1, sort_keys=True)
+
+
+def read_run_info(path: str) -> dict[str, Any]:
+    """A checkpoint's run info merged over its completion marker (older checkpoints have the marker only)."""
+    info: dict[str, Any] = {}
+    for name in (COMPLETE_MARKER, RUN_INFO):
+        file = os.path.join(path, name)
+        if os.path.exists(file):
+            with open(file) as f:
+                info.update(json.load(f))
+    return info
 
 
 def is_complete(path: str) -> bool:
