@@ -6,18 +6,15 @@ Run from the repository root, as verl's recipe is:
 With no arguments it runs the built-in CPU demo (config/fully_async_ppo_trainer.yaml).
 `--cfg job` prints the composed config and exits. A bad config prints one line,
 "config error: <full.key>: <reason>", to stderr and exits with status 2.
-VERL_ASYNC_DRY_RUN=1 stops after the checks (config, device, engine, model, reward function, data,
-resume). `--help` prints what a user needs first, then Hydra's help. Ctrl-C ends with one line and
-the command that resumes.
+`trainer.dry_run=true` (or VERL_ASYNC_DRY_RUN=1 in the environment) stops after the checks
+(config, device, engine, model, reward function, data, resume). `--help` prints what a user
+needs first, then Hydra's help. Ctrl-C ends with one line and the command that resumes.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import sys
-from typing import Callable, Optional
 
 import hydra
 from omegaconf import DictConfig
@@ -30,7 +27,7 @@ from verl_async.config.usage import usage
 from verl_async.errors import PipelineError
 from verl_async.versions import UnsupportedTransformersError
 
-PIPELINE_MODULE = "verl_async.pipeline"  # provides run(cfg): Ray, queue, Rollouter, Trainer, sync
+DRY_RUN_ENV = "VERL_ASYNC_DRY_RUN"
 TYPED_ARGV: list[str] = []  # the arguments as typed (Hydra gets them rewritten): a Ctrl-C repeats them
 
 
@@ -38,11 +35,15 @@ TYPED_ARGV: list[str] = []  # the arguments as typed (Hydra gets them rewritten)
 def main(cfg: DictConfig) -> None:
     try:
         cfg = validate(cfg)  # one clear error, naming the key
-        facts = preflight(cfg)  # the device exists, the data files read
+        facts = preflight(cfg)  # device, engine, model, reward function, every prompt, what is resumed
         print(describe(cfg, facts), flush=True)
-        run = pipeline_runner()  # None: dry run, or no pipeline yet (it says so)
-        if run is not None:
-            run(cfg)
+        if is_dry_run(cfg):
+            print("dry run (trainer.dry_run=true or VERL_ASYNC_DRY_RUN=1): config, device, engine, model, reward "
+                  "function, data (every prompt tokenised) and resume checked; nothing was started.")
+            return
+        from verl_async.pipeline import run  # here, not above: a config error prints before torch and Ray load
+
+        run(cfg)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -57,18 +58,9 @@ def main(cfg: DictConfig) -> None:
         sys.exit(130)
 
 
-def pipeline_runner() -> Optional[Callable[[DictConfig], None]]:
-    if os.environ.get("VERL_ASYNC_DRY_RUN") == "1":
-        print("dry run (VERL_ASYNC_DRY_RUN=1): config, device, engine, model, reward function, data (every prompt "
-              "tokenised) and resume checked; nothing was started.")
-        return None
-    if importlib.util.find_spec(PIPELINE_MODULE) is None:
-        print(
-            "config, device and data are valid. The training pipeline is not implemented yet "
-            f"({PIPELINE_MODULE} is missing), so nothing was trained."
-        )
-        return None
-    return importlib.import_module(PIPELINE_MODULE).run
+def is_dry_run(cfg: DictConfig) -> bool:
+    """The config key, or the environment variable that launch scripts set without touching their overrides."""
+    return bool(cfg.trainer.dry_run) or os.environ.get(DRY_RUN_ENV) == "1"
 
 
 def cli() -> None:

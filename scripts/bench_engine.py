@@ -127,7 +127,8 @@ def build_model(args, spec):
 
     dtype = device_lib.default_dtype(spec.kind)
     if args.model == "tiny":
-        from verl_async.models import build_tiny_model_dir, load_causal_lm
+        from verl_async.models.loading import load_causal_lm
+        from verl_async.models.tiny import build_tiny_model_dir
 
         path = build_tiny_model_dir(TINY_DIR)
         return load_causal_lm(path, dtype=dtype, attn_implementation="sdpa", device=spec.torch_device)
@@ -137,7 +138,7 @@ def build_model(args, spec):
         with torch.device(spec.torch_device):
             model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
         return model.to(spec.torch_device)
-    from verl_async.models import load_causal_lm
+    from verl_async.models.loading import load_causal_lm
 
     return load_causal_lm(args.model, dtype=dtype, attn_implementation="sdpa", device=spec.torch_device)
 

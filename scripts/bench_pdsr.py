@@ -59,8 +59,9 @@ from verl_async.rollout.pdsr_policy import (  # noqa: E402
     scheduling_metrics,
 )  # noqa: E402
 from verl_async.rollout.rollouter import PromptTask, Rollouter  # noqa: E402
+from verl_async.rollout.scheduling import policy_class  # noqa: E402
 from verl_async.rollout.scripted import TargetLengthEngine  # noqa: E402
-from verl_async.rollout.staleness import StalenessBudget, max_required_samples  # noqa: E402
+from verl_async.staleness import StalenessBudget, max_required_samples  # noqa: E402
 from verl_async.sim.workload import PRESETS, length_stats, synthetic_groups  # noqa: E402
 
 MODES = ("plain", "plain-wide", "pdsr", "pdsr-restart")
@@ -111,7 +112,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ---------------------------------------------------------------------- model and replicas
 def model_dir(args) -> str:
     if args.model == "tiny":
-        from verl_async.models import build_tiny_model_dir
+        from verl_async.models.tiny import build_tiny_model_dir
 
         need = args.prompt_length + args.max_response_length
         return build_tiny_model_dir(os.path.join(tempfile.gettempdir(), f"verl_async_bench_pdsr_tiny_{need}"),
@@ -136,7 +137,7 @@ def start(args, path: str, capacities: list[int]) -> list[Any]:
     """One replica actor per capacity entry (its max_num_seqs), the pipeline's replica class."""
     import ray
 
-    from verl_async.rollout.replica import EngineReplica, RemoteEngine, replica_actor_options
+    from verl_async.rollout.replica import EngineReplica, RemoteEngine, ReplicaSpec, replica_actor_options
 
     cfg = {"name": "native", "max_num_seqs": max(capacities), "prompt_length": args.prompt_length,
            "response_length": args.max_response_length, "seed": args.seed, "dtype": "bfloat16"}
@@ -145,7 +146,7 @@ def start(args, path: str, capacities: list[int]) -> list[Any]:
         options["num_gpus"] = args.gpus_per_replica
     actor = ray.remote(EngineReplica)
     handles = [actor.options(max_concurrency=1000, **options).remote(
-        cfg, path, args.device, index=i, engine_overrides={"max_num_seqs": c}) for i, c in enumerate(capacities)]
+        ReplicaSpec(cfg, path, args.device), index=i, engine_overrides={"max_num_seqs": c}) for i, c in enumerate(capacities)]
     ray.get([h.version.remote() for h in handles], timeout=900)
     return [RemoteEngine(h, i) for i, h in enumerate(handles)]
 
@@ -233,7 +234,7 @@ async def run_mode(args, mode: str, engines, tasks: list[PromptTask], targets: d
         engines=scripted, prompts=Source(tasks), scorer=_score, sink=sink, n=args.n, sampling=sampling,
         budget=StalenessBudget(limit), partial_rollout=True,
         max_inflight_groups=max_inflight_groups(capacities, args.n, "pdsr" if kwargs else "plain", kwargs),
-        scheduling="pdsr" if mode.startswith("pdsr") else "plain", scheduling_kwargs=kwargs,
+        scheduling=policy_class("pdsr" if mode.startswith("pdsr") else "plain"), scheduling_kwargs=kwargs,
         engine_capacity=capacities, **logs,
     )
     t0 = time.monotonic()

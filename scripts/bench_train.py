@@ -76,7 +76,7 @@ def build_model_dir(path: str, shape: dict) -> str:
     """Random-weight Qwen2 of `shape` + the byte tokenizer, in save_pretrained layout (cached)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from verl_async.models import build_char_tokenizer
+    from verl_async.models.tiny import build_char_tokenizer
 
     config_file = os.path.join(path, "config.json")
     if os.path.exists(config_file):
@@ -202,7 +202,7 @@ def make_group(strategy: str, world: int, attn: str, model_dir: str, args):
     # model.attn_implementation is an HF/FSDP key (Megatron ignores it): its default for Megatron
     cfg = compose(model_dir, world, "auto" if strategy == "megatron" else attn, args, strategy)
     if strategy == "megatron":
-        from verl_async.trainer.megatron import MegatronWorkerGroup
+        from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
 
         return MegatronWorkerGroup(cfg, name=f"bench_megatron_{world}")
     from verl_async.trainer import FSDPWorkerGroup

@@ -130,7 +130,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         target = ray.remote(SyncTarget).options(num_cpus=0.1, max_concurrency=100).remote(
             args.replicas, cfg.actor_rollout_ref.rollout, model, args.device)
         group.init()
-        ray.get(target.weight_sync_ranks.remote(), timeout=args.timeout_s)
+        ray.get(target.weight_sync.remote("collective", "ranks"), timeout=args.timeout_s)
         record["startup_s"] = time.perf_counter() - t0
         mb_list = [int(x) for x in args.bucket_mb.split(",") if x]
         # --- bit-exactness: sync 0, one training step, sync 1 (checksums on every engine rank)

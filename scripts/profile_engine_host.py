@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from verl_async.models import load_causal_lm  # noqa: E402
+from verl_async.models.loading import load_causal_lm  # noqa: E402
 from verl_async.models.tiny import build_tiny_model_dir  # noqa: E402
 from verl_async.rollout.engine import GenerateRequest, SamplingParams  # noqa: E402
 from verl_async.rollout.native import NativeEngine  # noqa: E402

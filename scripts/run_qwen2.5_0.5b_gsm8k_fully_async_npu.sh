@@ -34,7 +34,7 @@ mkdir -p "$(dirname "$LOG_FILE")"
 if [ -z "${ROLLOUT_NAME:-}" ]; then
     ROLLOUT_NAME=native
     if $PYTHON -c "import vllm_ascend" 2>/dev/null && $PYTHON -c \
-        "import sys; from verl_async.rollout.registry import available_engines as a; sys.exit('vllm' not in a())" 2>/dev/null; then
+        "import sys; from verl_async.rollout.registry import ENGINES; sys.exit('vllm' not in ENGINES)" 2>/dev/null; then
         ROLLOUT_NAME=vllm
         export VLLM_USE_V1=1
     fi

@@ -57,6 +57,6 @@ def ray_session():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A random tiny Qwen2 + byte tokenizer, built once per session."""
-    from verl_async.models import build_tiny_model_dir
+    from verl_async.models.tiny import build_tiny_model_dir
 
     return build_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_model")))

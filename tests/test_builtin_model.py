@@ -37,3 +37,32 @@ def test_default_config_keeps_verl_lr_for_real_models():
     real = compose(overrides=["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct"])
     assert real.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
     assert real.rollout.total_rollout_steps is None
+
+
+def test_cached_folder_builds_once_in_private_and_keeps_a_concurrent_winner(tmp_path):
+    from verl_async.utils.cache import cached_folder
+
+    folder = str(tmp_path / "model")
+    built = []
+
+    def build(tmp):
+        built.append(tmp)
+        assert not os.path.exists(folder)  # nobody sees the folder before it is complete
+        os.makedirs(tmp)
+        open(os.path.join(tmp, "weights"), "w").close()
+        with open(os.path.join(tmp, "done.json"), "w") as f:
+            f.write("{}")
+
+    assert cached_folder(folder, "done.json", build) == folder
+    assert sorted(os.listdir(folder)) == ["done.json", "weights"] and built == [f"{folder}.tmp{os.getpid()}"]
+    assert cached_folder(folder, "done.json", build) == folder and len(built) == 1  # cached: not rebuilt
+
+    other = str(tmp_path / "raced")
+
+    def build_while_another_process_wins(tmp):
+        os.makedirs(tmp)
+        os.makedirs(other)
+        open(os.path.join(other, "theirs"), "w").close()
+
+    assert cached_folder(other, "done.json", build_while_another_process_wins) == other
+    assert os.listdir(other) == ["theirs"] and not os.path.exists(f"{other}.tmp{os.getpid()}")

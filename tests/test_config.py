@@ -168,6 +168,12 @@ def test_debug_load_implies_train_only(tmp_path):
     assert cfg.debug.train_only is True
 
 
+def test_debug_fail_replicas_accepts_all_or_existing_indices():
+    assert check([]).debug.fail_replicas is None
+    assert check(["debug.fail_replicas=all"]).debug.fail_replicas == "all"
+    assert list(check(["rollout.n_gpus_per_node=2", "debug.fail_replicas=[0,1]"]).debug.fail_replicas) == [0, 1]
+
+
 # --------------------------------------------------------------------------- errors
 BAD = [
     # (overrides, full key, words in the reason)
@@ -213,6 +219,11 @@ BAD = [
     (["debug.load_rollout_data='/tmp/r_{rollout_id}.pt'", "debug.rollout_only=true"], "debug.load_rollout_data", "rollout_only"),
     (["debug.rollout_only=true", "debug.train_only=true"], "debug.train_only", "rollout_only"),
     (["debug.save_train_output='/tmp/o_{rollout_id}.pt'"], "debug.save_train_output", "{rank}"),
+    (["debug.fail_replicas=[1]"], "debug.fail_replicas", "replica 1 does not exist: this run has 1 engine replica"),
+    (["debug.fail_replicas='0,1'"], "debug.fail_replicas", "expected null, all or a list of replica indices"),
+    (["debug.fail_replicas=first"], "debug.fail_replicas", "expected null, all or a list of replica indices"),
+    (["trainer.cpu_threads_per_worker=0"], "trainer.cpu_threads_per_worker", ">= 1"),
+    (["trainer.dry_run=maybe"], "trainer.dry_run", "true or false"),
     (["async_training.sync_transport=nccl"], "async_training.sync_transport", "trainer.device=cuda"),
     (["async_training.sync_transport=hccl", "trainer.device=cuda"], "async_training.sync_transport", "trainer.device=npu"),
     (["rollout.colocate=true", "trainer.device=cuda", "async_training.sync_transport=nccl"],
@@ -380,3 +391,25 @@ def test_auto_sync_transport_picks_cuda_ipc_only_where_it_applies():
     assert check(["trainer.device=cuda"]).async_training.sync_transport == "object_store"  # separate GPUs
     # an explicit choice is kept as given
     assert check(one_gpu + ["async_training.sync_transport=object_store"]).async_training.sync_transport == "object_store"
+
+
+def test_engine_and_strategy_tables_match_the_schema():
+    """The registries are plain tables of classes now; the schema's choice lists must name the same keys."""
+    from verl_async.pipeline import WORKER_GROUPS
+    from verl_async.rollout.registry import ENGINES
+
+    assert S.ROLLOUT_NAMES == tuple(ENGINES)
+    assert S.STRATEGIES == tuple(WORKER_GROUPS)
+
+
+def test_the_entry_point_and_validation_import_no_torch_ray_or_engines():
+    """A config error must print before the heavy imports (the pipeline is imported after validation)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, recipe.fully_async_main; from verl_async.config import compose, validate; "
+            f"validate(compose({FSDP!r})); validate(compose({MEGATRON!r})); "
+            "print(sorted(m for m in ('torch', 'ray', 'transformers', 'vllm', 'megatron') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -11,7 +11,7 @@ import pytest
 
 from data_preprocess import builtin_task
 from verl_async.data import PromptDataset, builtin, resolve_data_files, write_rows
-from verl_async.models import build_char_tokenizer
+from verl_async.models.tiny import build_char_tokenizer
 
 
 @pytest.fixture

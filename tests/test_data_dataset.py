@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl_async.data import DataError, PromptDataset, PromptIterator, builtin, truncate, write_rows
-from verl_async.models import build_char_tokenizer
+from verl_async.models.tiny import build_char_tokenizer
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "config")
 

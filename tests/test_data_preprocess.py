@@ -9,7 +9,7 @@ import pytest
 
 from data_preprocess import gsm8k, math_dataset
 from verl_async.data import PromptDataset
-from verl_async.models import build_char_tokenizer
+from verl_async.models.tiny import build_char_tokenizer
 from verl_async.reward import default_compute_score
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")

@@ -137,6 +137,12 @@ def test_default_config_without_arguments(tmp_path):
     assert "fsdp2 on 1x1 cpu" in proc.stdout and "builtin://train  (2000 rows)" in proc.stdout
 
 
+def test_dry_run_key_stops_after_the_checks(tmp_path):
+    proc = run_entry(f"hydra.run.dir={tmp_path}", "trainer.dry_run=true", VERL_ASYNC_CACHE=str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    assert "dry run (trainer.dry_run=true" in proc.stdout and "nothing was started" in proc.stdout
+
+
 @pytest.mark.parametrize(
     "arg,line",
     [

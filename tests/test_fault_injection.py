@@ -1,6 +1,6 @@
 """`python -m recipe.fully_async_main` on CPU with engine replicas that fail every request.
 
-VERL_ASYNC_FAIL_REPLICAS (verl_async/rollout/faults.py) makes replicas answer every
+debug.fail_replicas (verl_async/rollout/faults.py) makes replicas answer every
 request with an error. Every replica failing must end the run with the engine's error
 and exit 1 within 60 s (a GPU run once sat at 0 steps for minutes and printed a
 validation accuracy of 0.000 for responses that never existed); one failing replica
@@ -43,9 +43,9 @@ def run_main(tmp_path, model_dir, data_files, fail: str, *extra: str) -> tuple[s
         "data.max_prompt_length=64", "data.max_response_length=12", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.n_gpus_per_node=2", "rollout.total_rollout_steps=8",
         "trainer.test_freq=-1", "trainer.logger=[console]", f"trainer.default_local_dir={tmp_path / 'run'}",
-        "ray_init.num_cpus=2", *extra,
+        "ray_init.num_cpus=2", f"debug.fail_replicas={fail}", *extra,
     ]
-    env = dict(os.environ, PYTHONPATH=REPO, VERL_ASYNC_FAIL_REPLICAS=fail)
+    env = dict(os.environ, PYTHONPATH=REPO)
     t0 = time.monotonic()
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=STOP_WITHIN_S * 3)
     return proc, time.monotonic() - t0
@@ -70,7 +70,7 @@ def test_failed_validation_is_an_error_not_an_accuracy_of_zero(tmp_path, tiny_mo
 
 def test_one_failing_replica_leaves_the_rotation_and_every_prompt_is_trained(tmp_path, tiny_model_dir, data_files):
     # 8 prompts make 16 requests: K=4 so that replica 0 leaves the rotation during the run
-    proc, wall = run_main(tmp_path, tiny_model_dir, data_files, "0", "trainer.val_before_train=false",
+    proc, wall = run_main(tmp_path, tiny_model_dir, data_files, "[0]", "trainer.val_before_train=false",
                           "rollout.max_consecutive_engine_failures=4")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert ("warning: engine replica 0 was taken out of rotation: 4 failed requests in a row, "

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from verl_async.models import apply_override_config, build_char_tokenizer, load_causal_lm, load_tokenizer
+from verl_async.models.loading import apply_override_config, load_causal_lm, load_tokenizer
+from verl_async.models.tiny import build_char_tokenizer
 from verl_async.protocol import Response, RolloutSample, collate_groups, staleness
 from verl_async.utils import device
 

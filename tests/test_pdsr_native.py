@@ -13,10 +13,10 @@ import pytest
 
 from verl_async.rollout.engine import GenerateRequest, SamplingParams
 from verl_async.rollout.pdsr_policy import PDSRPolicy
-from verl_async.rollout.replica import start_replicas
+from verl_async.rollout.replica import ReplicaSpec, start_replicas
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scripted import TargetLengthEngine, parse_request_id
-from verl_async.rollout.staleness import StalenessBudget
+from verl_async.staleness import StalenessBudget
 
 ROLLOUT_CFG = {"name": "native", "max_num_seqs": 2, "prompt_length": 16, "response_length": 48, "seed": 0}
 PROMPTS = [[5, 17, 33, 9], [40, 41, 42], [7, 7, 8, 60, 61]]
@@ -68,7 +68,7 @@ async def score(item, responses):
 
 @pytest.fixture(scope="module")
 def replicas(ray_session, tiny_model_dir):
-    engines = start_replicas(2, ROLLOUT_CFG, tiny_model_dir, "cpu", timeout_s=180,
+    engines = start_replicas(2, ReplicaSpec(ROLLOUT_CFG, tiny_model_dir, "cpu"), timeout_s=180,
                              engine_overrides=[{"max_num_seqs": 4}, {"max_num_seqs": 2}])
     yield engines
     for e in engines:
@@ -87,7 +87,7 @@ def test_capped_response_continues_on_heavy_with_identical_prefix(replicas):
     sampling = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, seed=0)
     ro = Rollouter(engines=engines, prompts=Source(), scorer=score, sink=sink, n=2, sampling=sampling,
                    budget=StalenessBudget(8), partial_rollout=True, max_inflight_groups=8,
-                   scheduling="pdsr", scheduling_kwargs={"batch_size": 3, "batch_timeout_s": 30},
+                   scheduling=PDSRPolicy, scheduling_kwargs={"batch_size": 3, "batch_timeout_s": 30},
                    engine_capacity=[4, 2])
     assert isinstance(ro.policy, PDSRPolicy)
     asyncio.run(asyncio.wait_for(ro.run(), 120))

@@ -22,7 +22,7 @@ from tests.fakes import FakeEngine
 from tests.test_rollouter import ListSource, Sink
 from verl_async.config import schema as S
 from verl_async.queue import MessageQueue
-from verl_async.rollout import pdsr_policy, rollouter as rollouter_mod
+from verl_async.rollout import pdsr_policy
 from verl_async.rollout.engine import GenerateResult, SamplingParams
 from verl_async.rollout.pdsr_policy import (
     PDSRPolicy,
@@ -33,7 +33,7 @@ from verl_async.rollout.pdsr_policy import (
 )
 from verl_async.rollout.rollouter import Rollouter
 from verl_async.rollout.scripted import TargetLengthEngine, parse_request_id
-from verl_async.rollout.staleness import StalenessBudget, max_required_samples
+from verl_async.staleness import StalenessBudget, max_required_samples
 
 
 class RecordingBudget(StalenessBudget):
@@ -64,7 +64,7 @@ def make(
     n=3,
     limit=64,
     engines=None,
-    scheduling="pdsr",
+    scheduling=PDSRPolicy,
     max_tokens=100,
     partial=True,
     log=None,
@@ -91,7 +91,7 @@ def make(
         max_inflight_groups=max_inflight,
         lengths_log=log,
         scheduling=scheduling,
-        scheduling_kwargs=kwargs if scheduling == "pdsr" else {},
+        scheduling_kwargs=kwargs if scheduling is PDSRPolicy else {},
     )
     return ro, queue
 
@@ -224,9 +224,8 @@ class ShortPolicy:
         return [await ro.generate_one(item, i) for i in range(ro.n - 1)]
 
 
-def test_policy_returning_a_partial_group_fails_loudly(monkeypatch):
-    monkeypatch.setitem(rollouter_mod.SCHEDULING_POLICIES, "short", "tests.test_pdsr_policy:ShortPolicy")
-    ro, q = make(2, scheduling="short")
+def test_policy_returning_a_partial_group_fails_loudly():
+    ro, q = make(2, scheduling=ShortPolicy)
     with pytest.raises(RuntimeError, match="returned 2 responses .* expected 3"):
         asyncio.run(asyncio.wait_for(produce(ro, q), 10))
     assert q.size() == 0  # nothing partial reached the queue
@@ -392,3 +391,14 @@ def test_request_ids_parse():
 def test_policy_is_built_by_name():
     ro, _ = make(1)
     assert isinstance(ro.policy, PDSRPolicy) and ro.policy.heavy == (1,) and ro.policy.fast == (0,)
+
+
+def test_every_scheduling_name_the_config_gives_has_a_policy_class():
+    from verl_async.rollout.rollouter import PlainPolicy
+    from verl_async.rollout.scheduling import policy_class
+
+    lt = {"enable": True, "heavy_replicas": 1}
+    assert policy_class(scheduling_from_config(None, 2, 8, 4)[0]) is PlainPolicy
+    assert policy_class(scheduling_from_config(lt, 2, 8, 4)[0]) is PDSRPolicy
+    with pytest.raises(ValueError, match=r"unknown rollout scheduling policy 'fifo'; available: \['pdsr', 'plain'\]"):
+        policy_class("fifo")

@@ -4,7 +4,7 @@ import pytest
 
 from verl_async.protocol import Response, RolloutSample
 from verl_async.queue import MessageQueue, QueueClosed
-from verl_async.rollout.staleness import StalenessBudget, exceeds_max_staleness, max_required_samples
+from verl_async.staleness import StalenessBudget, exceeds_max_staleness, max_required_samples
 
 
 def _group(uid: str, n: int = 2) -> RolloutSample:

@@ -49,7 +49,7 @@ def data(tmp_path_factory):
 def test_loads_as_an_hf_folder_with_its_chat_template(model_dir):
     from transformers import AutoConfig
 
-    from verl_async.models import load_tokenizer
+    from verl_async.models.loading import load_tokenizer
     from verl_async.models.builtin import resolve_model_path
 
     config = AutoConfig.from_pretrained(model_dir)
@@ -65,7 +65,7 @@ def test_loads_as_an_hf_folder_with_its_chat_template(model_dir):
 
 
 def test_native_engine_log_probs_equal_the_hf_forward(model_dir):
-    from verl_async.models import load_causal_lm, load_tokenizer
+    from verl_async.models.loading import load_causal_lm, load_tokenizer
     from verl_async.rollout.engine import GenerateRequest, SamplingParams
     from verl_async.rollout.native import NativeEngine
 

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl_async.data import builtin
-from verl_async.models import build_char_tokenizer
+from verl_async.models.tiny import build_char_tokenizer
 from verl_async.protocol import Response, RolloutSample
 from verl_async.reward import OverlongBuffer, RewardManager, UnknownDataSourceError, build_reward_manager
 from verl_async.reward.registry import FunctionRef

@@ -12,7 +12,7 @@ from tests.fakes import FakeEngine
 from verl_async.queue import MessageQueue
 from verl_async.rollout.engine import SamplingParams
 from verl_async.rollout.rollouter import PromptTask, Rollouter
-from verl_async.rollout.staleness import StalenessBudget, max_required_samples
+from verl_async.staleness import StalenessBudget, max_required_samples
 
 
 class ListSource:

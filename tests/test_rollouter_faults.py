@@ -9,7 +9,7 @@ import torch
 from tests.fakes import FakeEngine
 from tests.test_rollouter import make, run_pipeline
 from verl_async.rollout.health import EngineFailure, ReplicaHealth
-from verl_async.rollout.staleness import StalenessBudget
+from verl_async.staleness import StalenessBudget
 
 ALL = [f"e0-i{i}" for i in range(6)]
 
@@ -193,3 +193,29 @@ def test_groups_the_trainer_drops_as_too_stale_free_their_budget(release):
         assert len(kept) == 2 and ro.budget.started == 4 - 2
     else:
         assert not kept  # the old behaviour: nothing comes, the trainer would wait for ever
+
+
+# --------------------------------------------------------------------------- debug.fail_replicas
+def test_fail_replicas_names_replicas_by_index_or_all():
+    from verl_async.rollout.faults import replica_fails
+
+    assert [replica_fails(i, None) for i in range(3)] == [False, False, False]
+    assert [replica_fails(i, "all") for i in range(3)] == [True, True, True]
+    assert [replica_fails(i, [0, 2]) for i in range(3)] == [True, False, True]
+    with pytest.raises(ValueError, match=r"debug\.fail_replicas: expected null, 'all' or a list"):
+        replica_fails(0, "0,2")
+
+
+def test_a_failing_replica_answers_every_request_with_the_injected_error():
+    from verl_async.rollout.engine import GenerateRequest
+    from verl_async.rollout.faults import FailingEngine, with_faults
+
+    inner = FakeEngine(seed=1)
+    assert with_faults(inner, 1, [0]) is inner
+    engine = with_faults(inner, 0, [0])
+    assert isinstance(engine, FailingEngine)
+    result = within(engine.generate(GenerateRequest("r0", [1, 2], prefix_token_ids=[5], prefix_log_probs=[-0.5],
+                                                    prefix_versions=[3])), 5)
+    assert result.error == "injected failure on replica 0 (debug.fail_replicas=[0])"
+    assert (result.token_ids, result.log_probs, result.versions, result.finish_reason) == ([5], [-0.5], [3], "abort")
+    assert inner.calls == 0  # the request never reached the engine

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from verl_async.rollout.replica import SyncTarget
 from verl_async.sync import SyncError, build_sync
-from verl_async.bucket_plan import (
+from verl_async.sync.buckets import (
     ALIGN_BYTES,
     compare_checksums,
     plan_buckets,
@@ -20,10 +21,11 @@ from verl_async.bucket_plan import (
     plan_to_wire,
     tensor_checksum,
 )
-from verl_async.sync_collective import (
-    EngineGroupEndpoint,
+from verl_async.sync.object_store import full_weights
+from verl_async.sync.collective import (
     GlooCollectiveSync,
-    LocalEngineEndpoint,
+    LocalEngineSide,
+    RolloutSide,
     WeightSyncGroup,
     master_store,
     rank_offsets,
@@ -181,7 +183,7 @@ def test_nccl_broadcast_between_two_gpus_bit_exact(double_buffer):
 def test_local_engine_endpoint_loads_into_the_engine():
     """The native-engine path: the receive generator is consumed by engine.update_weights."""
 
-    class Engine:  # what LocalEngineEndpoint needs of an engine: update_weights(stream, version) and .model
+    class Engine:  # what LocalEngineSide needs of an engine: update_weights(stream, version) and .model
         def __init__(self):
             self.model = torch.nn.Module()
             for name, t in _tensors(2).items():
@@ -199,7 +201,7 @@ def test_local_engine_endpoint_loads_into_the_engine():
     plan_wire = plan_to_wire(plan_buckets(_meta(tensors), 2048))
     store, port = master_store("127.0.0.1", 20)
     engine = Engine()
-    endpoint = EngineGroupEndpoint([engine])
+    endpoint = RolloutSide(SimpleNamespace(sync_engines=[engine]))
     sent: dict = {}
 
     def sender():
@@ -208,10 +210,10 @@ def test_local_engine_endpoint_loads_into_the_engine():
         sent.update(send_buckets(group, plan_from_wire(plan_wire), iter(tensors.items()), verify=True))
 
     async def receiver():
-        assert await endpoint.weight_sync_ranks() == [1]
-        await endpoint.join_weight_sync("127.0.0.1", port, 2, "gloo", 20, "e")
-        out = await endpoint.receive_weights(plan_wire, 7, True, True)
-        await endpoint.leave_weight_sync()
+        assert await endpoint.ranks() == [1]
+        await endpoint.join("127.0.0.1", port, 2, "gloo", 20, "e")
+        out = await endpoint.receive(plan_wire, version=7, double_buffer=True, verify=True)
+        await endpoint.leave()
         return out
 
     th = threading.Thread(target=sender, daemon=True)
@@ -224,7 +226,7 @@ def test_local_engine_endpoint_loads_into_the_engine():
     for name, t in tensors.items():
         assert torch.equal(params[name.replace(".", "_")].data, t)
     with pytest.raises(SyncError, match="before join"):
-        asyncio.run(LocalEngineEndpoint(engine).receive_weights(plan_wire, 8))
+        asyncio.run(LocalEngineSide(engine).receive(plan_wire, version=8))
 
 
 # ------------------------------------------------------------------------------------------ Ray
@@ -233,7 +235,7 @@ def trainer_and_replicas(ray_session, tiny_model_dir, tmp_path_factory):
     import ray
 
     from tests.trainer.trainer_helpers import compose_config
-    from verl_async.models import build_tiny_model_dir
+    from verl_async.models.tiny import build_tiny_model_dir
     from verl_async.trainer import FSDPWorkerGroup
 
     # The engines start from OTHER random weights: a sync that moved nothing would fail the checks.
@@ -243,7 +245,7 @@ def trainer_and_replicas(ray_session, tiny_model_dir, tmp_path_factory):
     rollout_cfg = {"name": "native", "max_num_seqs": 2, "max_model_len": 64, "seed": 0}
     side = ray.remote(SyncTarget).options(num_cpus=0.1, max_concurrency=100).remote(2, rollout_cfg, engine_dir, "cpu")
     group.init()
-    ray.get(side.weight_sync_ranks.remote(), timeout=120)
+    ray.get(side.weight_sync.remote("collective", "ranks"), timeout=120)
     try:
         yield group, side
     finally:
@@ -258,7 +260,7 @@ def test_gloo_sync_with_ray_actors_is_bit_exact(trainer_and_replicas):
     bucket = 64 << 10
     sync = build_sync("gloo", group, side, bucket_bytes=bucket, timeout_s=60, verify=True)
     assert isinstance(sync, GlooCollectiveSync)
-    reference = {name: tensor_checksum(t) for name, t in group.iter_weights(1 << 20)}
+    reference = {name: tensor_checksum(t) for name, t in full_weights(group, 1 << 20)}
     m1 = sync.push(1)
     assert ray.get(side.state.remote(), timeout=30) == (1, 1)
     assert m1["sync/engine_ranks"] == 2.0 and m1["sync/verified_tensors"] == len(reference)

@@ -1,4 +1,4 @@
-"""cuda_ipc transport (verl_async/sync_ipc.py): the pure parts on CPU; the GPU test is tests/test_sync_ipc_gpu.py."""
+"""cuda_ipc transport (verl_async/sync/cuda_ipc.py): the pure parts on CPU; the GPU test is tests/test_sync_ipc_gpu.py."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import asyncio
 import pytest
 import torch
 
-from verl_async.sync import TRANSPORTS, SyncError, build_sync
-from verl_async.bucket_plan import bucket_view, metas_from_wire, metas_to_wire
-from verl_async.sync_ipc import CudaIpcSync, IpcEndpoint, layout, pack, unpack
+from types import SimpleNamespace
+
+from verl_async.sync import DRIVERS, SyncError, build_sync
+from verl_async.sync.buckets import bucket_view, metas_from_wire, metas_to_wire
+from verl_async.sync.cuda_ipc import CudaIpcSync, RolloutSide, layout, pack, unpack
 
 
 def _pairs():
@@ -76,32 +78,33 @@ def test_pack_of_nothing_and_of_large_odd_sizes():
 
 
 def test_transport_is_registered():
-    assert TRANSPORTS["cuda_ipc"] == "verl_async.sync_ipc:CudaIpcSync"
+    assert DRIVERS["cuda_ipc"] is CudaIpcSync
     sync = build_sync("cuda_ipc", object(), object(), bucket_bytes=1 << 20, timeout_s=5)
     assert isinstance(sync, CudaIpcSync) and sync.bucket_bytes == 1 << 20
 
 
 def test_endpoint_gives_each_replica_its_own_export():
-    class Engine:
+    class Engine:  # a replica proxy: forwards the step to its actor
         def __init__(self):
             self.got = None
 
-        async def load_ipc_bucket(self, payload, version):
+        async def weight_sync(self, transport, step, payload, *, version):
+            assert (transport, step) == ("cuda_ipc", "load")
             self.got = (payload["handles"], version)
             return {"ok": 1}
 
     engines = [Engine(), Engine()]
-    ep = IpcEndpoint(engines)
-    assert asyncio.run(ep.ipc_receivers()) == 2
-    out = asyncio.run(ep.load_ipc_bucket({"layout": [], "nbytes": 1, "handles": ["h0", "h1"]}, 3))
+    ep = RolloutSide(SimpleNamespace(sync_engines=engines))
+    assert asyncio.run(ep.receivers()) == 2
+    out = asyncio.run(ep.load({"layout": [], "nbytes": 1, "handles": ["h0", "h1"]}, version=3))
     assert out == {"replica 0": {"ok": 1}, "replica 1": {"ok": 1}}
     assert engines[0].got == (["h0"], 3) and engines[1].got == (["h1"], 3)
     with pytest.raises(SyncError, match="1 export"):
-        asyncio.run(ep.load_ipc_bucket({"layout": [], "nbytes": 1, "handles": ["h0"]}, 3))
+        asyncio.run(ep.load({"layout": [], "nbytes": 1, "handles": ["h0"]}, version=3))
 
 
-def test_push_keeps_the_pause_resume_protocol():
-    """CudaIpcSync is ObjectStoreSync's push with another transfer: pause, every bucket, while_paused, resume."""
+def test_push_keeps_the_pause_resume_protocol(monkeypatch):
+    """CudaIpcSync is the drivers' push with its own transfer: pause, every bucket, while_paused, resume."""
 
     calls = []
 
@@ -109,30 +112,24 @@ def test_push_keeps_the_pause_resume_protocol():
         def __init__(self, name, fn):
             self.name, self.fn = name, fn
 
-        def remote(self, *args):
-            calls.append(self.name)
+        def remote(self, *args, **kwargs):
+            calls.append(self.name if self.name else args[1])  # weight_sync: named by its step
             return self.fn(*args)
 
     class Rollouter:
         pause_for_sync = Remote("pause", lambda: None)
         resume_after_sync = Remote("resume", lambda v: v)
-        ipc_receivers = Remote("receivers", lambda: 1)
+        weight_sync = Remote("", lambda transport, step: {"receivers": 1, "unwritten": {}}[step])
 
     class Group:
-        def send_weights_ipc(self, target, receivers, version, bucket_bytes, *, timeout_s, verify):
-            calls.append(("send", receivers, version, bucket_bytes))
-            return {"buckets": 3, "bytes": 99, "receivers": {}}
+        def weight_sync_refs(self, transport, step, target, receivers, version, bucket_bytes, timeout_s, verify):
+            calls.append((step, receivers, version, bucket_bytes))
+            return [{"buckets": 3, "bytes": 99, "receivers": {}}]
 
-    import verl_async.sync as sync_mod
-
-    real_get = sync_mod.ray.get
-    sync_mod.ray.get = lambda ref, timeout=None: ref
-    try:
-        sync = CudaIpcSync(Group(), Rollouter(), bucket_bytes=64, timeout_s=5)
-        out = sync.push(4, while_paused=lambda: calls.append("val") or {"val/x": 1.0})
-        sync.push(5)
-    finally:
-        sync_mod.ray.get = real_get
-    assert calls[:5] == ["pause", "receivers", ("send", 1, 4, 64), "val", "resume"]
-    assert calls[5:] == ["pause", ("send", 1, 5, 64), "resume"]  # the replica count is asked once
+    monkeypatch.setattr(CudaIpcSync, "wait", lambda self, refs, what, **_: dict(refs))  # the refs are the results here
+    sync = CudaIpcSync(Group(), Rollouter(), bucket_bytes=64, timeout_s=5)
+    out = sync.push(4, while_paused=lambda: calls.append("val") or {"val/x": 1.0})
+    sync.push(5)
+    assert calls[:6] == ["pause", "receivers", ("send", 1, 4, 64), "unwritten", "val", "resume"]
+    assert calls[6:] == ["pause", ("send", 1, 5, 64), "unwritten", "resume"]  # the replica count is asked once
     assert out["sync/buckets"] == 3.0 and out["val/x"] == 1.0 and "timing_s/param_sync" in out

@@ -15,8 +15,9 @@ import time
 import pytest
 import torch
 
-from verl_async.bucket_plan import metas_to_wire, tensor_checksum
-from verl_async.sync_ipc import export, load_ipc_bucket, pack
+from verl_async.sync.buckets import metas_to_wire, tensor_checksum
+from verl_async.sync.cuda_ipc import export, load_ipc_bucket, pack
+from verl_async.sync.object_store import full_weights
 
 pytestmark = pytest.mark.gpu
 
@@ -94,7 +95,7 @@ def colocated(ray_session, tmp_path_factory):
     import ray
 
     from tests.trainer.trainer_helpers import compose_config
-    from verl_async.models import build_tiny_model_dir
+    from verl_async.models.tiny import build_tiny_model_dir
     from verl_async.rollout.replica import SyncTarget
     from verl_async.trainer import FSDPWorkerGroup
 
@@ -111,7 +112,7 @@ def colocated(ray_session, tmp_path_factory):
     side = ray.remote(SyncTarget).options(num_cpus=0.1, max_concurrency=100).remote(
         1, rollout_cfg, engine_dir, "cuda", shared_devices=["0"], timeout_s=600)
     try:
-        ray.get(side.ipc_receivers.remote(), timeout=600)
+        ray.get(side.weight_sync.remote("cuda_ipc", "receivers"), timeout=600)
         yield group, side
     finally:
         group.shutdown()
@@ -124,7 +125,7 @@ def test_cuda_ipc_push_to_a_colocated_native_replica_is_bit_exact(colocated):
     from verl_async.sync import build_sync
 
     group, side = colocated
-    reference = {name: tensor_checksum(t) for name, t in group.iter_weights(256 << 20)}
+    reference = {name: tensor_checksum(t) for name, t in full_weights(group, 256 << 20)}
     params = sum(1 for _ in reference)
     before = ray.get(side.loaded_checksums.remote(), timeout=120)["replica 0"]
     assert set(reference) <= set(before) and any(before[n] != reference[n] for n in reference)

@@ -15,8 +15,8 @@ import torch
 from verl_async.rollout.engine import GenerateRequest, SamplingParams
 from verl_async.rollout.vllm_engine import WORKER_EXTENSION, engine_args_from_config, sampled_logprobs, vllm_sampling_kwargs
 from verl_async.rollout.vllm_worker import WeightSyncWorkerExtension
-from verl_async.bucket_plan import plan_buckets, plan_to_wire
-from verl_async.sync_collective import WeightSyncGroup, master_store, send_buckets
+from verl_async.sync.buckets import plan_buckets, plan_to_wire
+from verl_async.sync.collective import WeightSyncGroup, engine_side, master_store, send_buckets
 
 ROLLOUT = {
     "name": "vllm", "dtype": "bfloat16", "prompt_length": 128, "response_length": 384, "tensor_model_parallel_size": 2,
@@ -225,7 +225,7 @@ def test_vllm_engine_adapter_logic_with_a_stand_in_async_llm(fake_vllm):
         assert done.finish_reason == "stop" and done.token_ids == [4, 7]
         bad = await engine.generate(GenerateRequest("r5", list(range(70)), long))
         assert not bad.ok and "max_model_len" in bad.error
-        assert (await engine.weight_sync_ranks()) == 1 and engine.stats().generated_tokens >= 40
+        assert engine.worker_ranks == 1 and engine.stats().generated_tokens >= 40
         await engine.shutdown()
         assert engine.llm is None
 
@@ -262,7 +262,7 @@ def test_a_failed_prefix_cache_reset_fails_the_weight_load(fake_vllm, monkeypatc
 
 # ------------------------------------------------------------------------------------------ on a GPU with vLLM
 def _model_dir(tmp_path, seed: int) -> str:
-    from verl_async.models import build_tiny_model_dir
+    from verl_async.models.tiny import build_tiny_model_dir
 
     # head_dim 64: every vLLM attention backend supports it
     return build_tiny_model_dir(str(tmp_path / f"m{seed}"), hidden_size=256, num_layers=2, num_heads=4,
@@ -374,18 +374,19 @@ def test_vllm_receives_an_nccl_broadcast_bit_exact(tmp_path):
     async def main():
         engine = _engine(dir_a)
         try:
-            assert await engine.weight_sync_ranks() == 1
+            member = engine_side(engine)
+            assert await member.ranks() == 1
             th = threading.Thread(target=sender)
             th.start()
-            await engine.join_weight_sync("127.0.0.1", port, 1, 2, "nccl", 120, "n")
-            got = await engine.receive_weights(plan_to_wire(plan), 4, verify=True)
+            await member.join("127.0.0.1", port, 1, 2, "nccl", 120, "n")
+            got = await member.receive(plan_to_wire(plan), version=4, verify=True)
             th.join(60)
             assert got["checksums"] == sent["checksums"] and len(got["checksums"]) == len(state)
             res = await engine.generate(GenerateRequest("b", PROMPT, SamplingParams(temperature=0.0, max_tokens=32,
                                                                                      ignore_eos=True)))
             ref_b = _hf_logprobs(dir_b, PROMPT, res.token_ids, 1.0, "cuda:1")
             assert (torch.tensor(res.log_probs) - ref_b).abs().mean() < 0.03
-            await engine.leave_weight_sync()
+            await member.leave()
         finally:
             await engine.shutdown()
 

@@ -21,28 +21,24 @@ from verl_async.queue import MessageQueue
 from verl_async.config.derived import max_required_samples, required_samples
 from verl_async.config.resume import step_of
 from verl_async.errors import PipelineError
-from verl_async.rollout.faults import FAIL_ENV
 from verl_async.rollout.service import RolloutService
+from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
 from verl_async.trainer.trainer import Trainer, load_rollout_groups
+from verl_async.trainer.worker_group import FSDPWorkerGroup
 from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
 
 logger = logging.getLogger("verl_async")
 
-WORKER_GROUPS = {
-    "fsdp": "verl_async.trainer.worker_group:FSDPWorkerGroup",
-    "fsdp2": "verl_async.trainer.worker_group:FSDPWorkerGroup",
-    "megatron": "verl_async.trainer.megatron.worker_group:MegatronWorkerGroup",
-}
+# actor_rollout_ref.actor.strategy -> worker group (verl's FSDP1 "fsdp" runs as FSDP2). Megatron's module
+# imports no megatron-core; its group asks for it when built (verl_async.optional).
+WORKER_GROUPS = {"fsdp": FSDPWorkerGroup, "fsdp2": FSDPWorkerGroup, "megatron": MegatronWorkerGroup}
 
 
 def build_worker_group(cfg: Any) -> Any:
-    import importlib
-
     strategy = str(cfg.actor_rollout_ref.actor.strategy)
     if strategy not in WORKER_GROUPS:
         raise ValueError(f"actor_rollout_ref.actor.strategy: unknown {strategy!r}; available: {sorted(WORKER_GROUPS)}")
-    module, _, name = WORKER_GROUPS[strategy].partition(":")
-    group = getattr(importlib.import_module(module), name)(cfg)
+    group = WORKER_GROUPS[strategy](cfg)
     group.init()
     return group
 
@@ -80,7 +76,6 @@ def ray_init(cfg: Any) -> bool:
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
         "PYTHONPATH": python_path,
-        **({FAIL_ENV: os.environ[FAIL_ENV]} if os.environ.get(FAIL_ENV) else {}),  # fault-injection drills
     }
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
@@ -243,7 +238,7 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     summary: dict[str, Any] = {"wall_s": wall, "run_dir": run_dir, "val_before": before, "val_after": after}
     summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items() if k != "validation"})
     rollout = results.get("rollouter", {})
-    for key in ("failed_prompts", "retried_prompts", "dropped_groups_engine_error", "replicas_out"):
+    for key in ("failed_prompts", "retried_prompts", "dropped_groups_engine_error", "replicas_out", "reward_errors"):
         if key in rollout:
             summary[f"rollout/{key}"] = rollout[key]
     if os.path.exists(timeline_path):
@@ -257,6 +252,9 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     if rollout.get("failed_prompts"):
         print(f"warning: {rollout['failed_prompts']} prompt(s) failed on every retry and were not trained "
               f"(list: {os.path.join(run_dir, 'rollout', 'failed_prompts.jsonl')})", flush=True)
+    if rollout.get("reward_errors"):
+        print(f"warning: the reward function failed on {rollout['reward_errors']} of {rollout.get('reward_scored', 0)} "
+              f"scored responses (scored 0; the first failures are in the log; reward_model.max_error_rate)", flush=True)
     steps, start = summary.get("trainer/steps", 0), summary.get("trainer/start_step", 0)
     resumed = f" (resumed at step {start}, now at step {steps})" if start else ""
     print(

@@ -37,7 +37,7 @@ VERL_ASYNC_RESULTS=$OUT/megatron_equivalence.json timeout 300 python3 -m pytest 
 
 # 2. A short async run with the Megatron trainer: random-weight small Qwen2, built-in task, no hub.
 MODEL=/tmp/qwen2_small_random
-python3 -c "from verl_async.models import build_tiny_model_dir as b; b('$MODEL', hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=704, max_position_embeddings=512)"
+python3 -c "from verl_async.models.tiny import build_tiny_model_dir as b; b('$MODEL', hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=704, max_position_embeddings=512)"
 A=actor_rollout_ref.actor
 T=+$A.megatron.override_transformer_config
 O=+$A.optim.override_optimizer_config

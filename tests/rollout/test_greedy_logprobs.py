@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from verl_async.algos import logprob_temperature, logprobs_from_logits
 from verl_async.config import compose, validate
-from verl_async.models import load_causal_lm
+from verl_async.models.loading import load_causal_lm
 from verl_async.rollout.engine import GenerateRequest
 from verl_async.rollout.native import NativeEngine
 from verl_async.rollout.service import sampling_from

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from verl_async.models import load_causal_lm
+from verl_async.models.loading import load_causal_lm
 from verl_async.rollout.engine import GenerateRequest, SamplingParams
 from verl_async.rollout.native import NativeEngine, WeightUpdateError
 from verl_async.rollout.registry import build_engine, build_engine_from_config

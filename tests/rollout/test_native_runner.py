@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from verl_async.models import load_causal_lm
+from verl_async.models.loading import load_causal_lm
 from verl_async.rollout.engine import GenerateRequest, SamplingParams
 from verl_async.rollout.native import NativeEngine
 from verl_async.rollout.native.runner import ModelRunner, batch_buckets

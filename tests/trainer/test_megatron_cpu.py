@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from trainer_helpers import compose_config, make_batch, with_advantages
+from verl_async.sync.object_store import full_weights
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -57,7 +58,7 @@ MEGATRON_SCHEDULE = [f"{A}.optim.lr_decay_style=cosine", f"{A}.optim.lr_decay_st
 @pytest.fixture(scope="module")
 def groups(ray_session, tiny_model_dir, tmp_path_factory):
     from verl_async.trainer import FSDPWorkerGroup
-    from verl_async.trainer.megatron import MegatronWorkerGroup
+    from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
 
     built = {name: MegatronWorkerGroup(_config(tiny_model_dir, world, [*MEGATRON_SCHEDULE, *extra]),
                                        name=f"test_megatron_{name}")
@@ -87,12 +88,12 @@ def reset(group, **options):
 
 
 def weights(group) -> dict[str, torch.Tensor]:
-    return dict(group.iter_weights(bucket_bytes=1 << 20))
+    return dict(full_weights(group, bucket_bytes=1 << 20))
 
 
 def hf_log_probs(model_dir: str, batch, *, entropy: bool = False):
     from verl_async.algos import logprobs_and_entropy
-    from verl_async.models import load_causal_lm
+    from verl_async.models.loading import load_causal_lm
     from verl_async.trainer.batching import build_model_inputs
 
     model = load_causal_lm(model_dir, dtype=torch.float32).eval()
@@ -121,12 +122,12 @@ def test_conversion_roundtrip_is_bit_exact(groups, tiny_model_dir):
     """HF safetensors -> Megatron TP/PP shards -> gathered HF tensors: identical bits, each HF name once."""
     from safetensors.torch import load_file
 
-    from verl_async.models import load_causal_lm
+    from verl_async.models.loading import load_causal_lm
 
     stored = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
     names = sorted(n for n, _ in load_causal_lm(tiny_model_dir).named_parameters())
     for name, group in megatron(groups).items():
-        synced = list(reset(group).iter_weights(bucket_bytes=1 << 14))
+        synced = list(full_weights(reset(group), bucket_bytes=1 << 14))
         assert sorted(n for n, _ in synced) == names, name
         for n, t in synced:
             assert t.dtype == torch.float32 and torch.equal(t, stored[n]), f"{name}: {n}"
@@ -211,7 +212,7 @@ def test_export_hf_loads_with_transformers(groups, batch, tmp_path):
 
 
 def test_bad_overrides_fail_in_the_driver(tiny_model_dir):
-    from verl_async.trainer.megatron import MegatronWorkerGroup
+    from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
 
     bad = _config(tiny_model_dir, 1, [f"+{A}.megatron.override_transformer_config.apply_rope_fuson=True"])
     with pytest.raises(ValueError, match=r"override_transformer_config\.apply_rope_fuson: unknown key"):

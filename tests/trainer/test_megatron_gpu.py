@@ -22,6 +22,7 @@ import os
 import pytest
 import torch
 from trainer_helpers import compose_config, make_batch, with_advantages
+from verl_async.sync.object_store import full_weights
 
 pytestmark = [pytest.mark.gpu, pytest.mark.megatron]
 
@@ -46,7 +47,7 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from verl_async.models import build_tiny_model_dir
+    from verl_async.models.tiny import build_tiny_model_dir
 
     return build_tiny_model_dir(str(tmp_path_factory.mktemp("qwen2_small")), hidden_size=256, num_layers=4,
                                 num_heads=8, num_kv_heads=2, intermediate_size=704, seed=3)
@@ -67,7 +68,7 @@ def _group(model_dir: str, name: str):
 
 def _reference_log_probs(model_dir: str, batch) -> torch.Tensor:
     from verl_async.algos import logprobs_from_logits
-    from verl_async.models import load_causal_lm
+    from verl_async.models.loading import load_causal_lm
     from verl_async.trainer.batching import build_model_inputs
 
     model = load_causal_lm(model_dir, dtype=torch.float32, device="cuda").eval()
@@ -104,7 +105,7 @@ def _compare_layouts(model_dir: str, names: list[str]) -> None:
             ref = group.compute_ref_log_prob(batch)
             metrics = group.update(batch)
             after = group.compute_log_prob(batch)
-            synced = dict(group.iter_weights(64 << 20))
+            synced = dict(full_weights(group, 64 << 20))
         finally:
             group.shutdown()
         err = (before - reference)[mask].abs()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from trainer_helpers import compose_config, with_advantages
 
-from verl_async.models import load_causal_lm
+from verl_async.models.loading import load_causal_lm
 from verl_async.models.tiny import build_tiny_model_dir
 from verl_async.protocol import Response, RolloutSample, collate_groups
 from verl_async.rollout.engine import GenerateRequest, SamplingParams

@@ -15,6 +15,7 @@ from trainer_helpers import compose_config, make_batch, with_advantages
 
 from verl_async.trainer import FSDPWorkerGroup, WorkerGroupError, latest_checkpoint
 from verl_async.trainer.lr_schedule import lr_factor
+from verl_async.sync.object_store import bucket_refs, full_weights
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ def reset(group: FSDPWorkerGroup, **options):
 
 
 def weights(group: FSDPWorkerGroup) -> dict[str, torch.Tensor]:
-    return dict(group.iter_weights(bucket_bytes=1 << 20))
+    return dict(full_weights(group, bucket_bytes=1 << 20))
 
 
 @pytest.fixture(scope="module")
@@ -402,16 +403,16 @@ def test_export_hf_loads_with_transformers(groups, batch, tmp_path):
 def test_weight_buckets_are_bounded(groups):
     g = groups[2]
     limit = 40_000
-    buckets = [g._wait([ref], "bucket")[0] for ref in g.weight_bucket_refs(limit)]
+    buckets = [g.wait([ref], "bucket")[0] for ref in bucket_refs(g, limit)]
     assert len(buckets) > 1
     for bucket in buckets:
         size = sum(t.numel() * t.element_size() for _, t in bucket)
         assert size <= limit or len(bucket) == 1
     names = [n for bucket in buckets for n, _ in bucket]
     assert len(names) == len(set(names)) and "model.embed_tokens.weight" in names
-    for _ in zip(range(1), g.weight_bucket_refs(limit)):  # a consumer that stops early leaves no rank stuck
+    for _ in zip(range(1), bucket_refs(g, limit)):  # a consumer that stops early leaves no rank stuck
         pass
-    assert len(list(g.iter_weights(limit))) == len(names)
+    assert len(list(full_weights(g, limit))) == len(names)
 
 
 def test_missing_resources_fail_at_once(ray_session, tiny_model_dir):

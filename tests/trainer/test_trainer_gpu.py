@@ -11,6 +11,7 @@ import torch
 from trainer_helpers import compose_config, make_batch, with_advantages
 
 from verl_async.trainer import FSDPWorkerGroup
+from verl_async.sync.object_store import full_weights
 
 
 def _group(model_dir: str, world: int, attn: str) -> FSDPWorkerGroup:
@@ -43,7 +44,7 @@ def _check_group(group: FSDPWorkerGroup) -> None:
     assert m["perf/max_memory_allocated_gb"] > 0
     after = group.compute_log_prob(batch)
     assert not torch.equal(after, logp), "the update moved the policy"
-    names = [n for n, _ in group.iter_weights(1 << 20, dtype="bfloat16")]
+    names = [n for n, _ in full_weights(group, 1 << 20, dtype="bfloat16")]
     assert "model.embed_tokens.weight" in names
 
 

@@ -117,7 +117,7 @@ def test_in_reward_kl_coefficient_follows_kl_ctrl(tmp_path, tiny_model_dir, kind
 
 
 def test_nonfinite_grads_names_the_parameters():
-    from verl_async.trainer.common import nonfinite_grads
+    from verl_async.trainer.rank_results import nonfinite_grads
 
     model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(8)])
     for p in model.parameters():

@@ -97,7 +97,7 @@ def test_check_batch_refuses_empty_and_missing_keys():
 # ---------------------------------------------------------------- model inputs
 @pytest.fixture(scope="module")
 def tiny_models(tiny_model_dir):
-    from verl_async.models import load_causal_lm
+    from verl_async.models.loading import load_causal_lm
 
     out = {}
     for impl in ("sdpa", "eager", "varlen"):
@@ -219,6 +219,18 @@ def test_settings_errors_name_the_key(config_factory):
     with pytest.raises(ValueError, match="reference model"):
         s.with_overrides({"use_kl_loss": True})
     assert s.with_overrides({"loss_agg_mode": "seq-mean-token-sum"}).loss_agg_mode == "seq-mean-token-sum"
+
+
+def test_cpu_threads_per_worker_is_a_trainer_setting(config_factory):
+    from omegaconf import OmegaConf
+
+    def parse(*overrides):
+        return TrainerSettings.from_config(OmegaConf.to_container(config_factory(*overrides), resolve=True))
+
+    assert parse().cpu_threads_per_worker == 1
+    assert parse("trainer.cpu_threads_per_worker=3").cpu_threads_per_worker == 3
+    with pytest.raises(ValueError, match=r"trainer\.cpu_threads_per_worker must be a positive integer"):
+        parse("trainer.cpu_threads_per_worker=0")
 
 
 def test_checkpoint_rotation_and_latest(tmp_path):
@@ -346,3 +358,20 @@ def test_fsdp_compute_log_prob_marks_the_reference_forward():
     for use_ref in (False, True):
         FSDPWorker.compute_log_prob(fake, batch, [[0]], use_ref=use_ref)
     assert calls == [(False, False), (True, True)]
+
+
+def test_log_prob_pass_restores_the_training_flag_and_offloads_even_on_error():
+    from verl_async.trainer.common import eval_mode, log_prob_model
+
+    model, ref = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).eval()
+    with pytest.raises(RuntimeError, match="compute_ref_log_prob: no reference model"):
+        log_prob_model(model, None, use_ref=True)
+    assert log_prob_model(model, None, use_ref=False) is model and log_prob_model(model, ref, use_ref=True) is ref
+    offloads = []
+    with eval_mode(model, after=lambda: offloads.append("model")):
+        assert not model.training and not offloads
+    assert model.training and offloads == ["model"]
+    with pytest.raises(ValueError, match="boom"):
+        with eval_mode(ref, after=lambda: offloads.append("ref")):
+            raise ValueError("boom")
+    assert not ref.training and offloads == ["model", "ref"]  # an eval-mode model stays in eval mode

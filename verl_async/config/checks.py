@@ -383,3 +383,20 @@ def debug_modes(cfg: DictConfig) -> None:
         missing = [p for p in needed if pattern and p not in pattern]
         if missing:
             raise ConfigError(key, f"the path pattern must contain {' and '.join(needed)} (missing {', '.join(missing)})")
+
+
+@check
+def fail_replicas(cfg: DictConfig) -> None:
+    """debug.fail_replicas (fault drills, rollout/faults.py) names replicas that exist, or all of them."""
+    value = cfg.debug.fail_replicas
+    if value is None or value == "all":
+        return
+    replicas = derived.rollout_replicas(cfg)
+    if not isinstance(value, (list, ListConfig)) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                             for i in value):
+        raise ConfigError("debug.fail_replicas", f"expected null, all or a list of replica indices such as [0], "
+                                                 f"got {value!r}")
+    outside = [i for i in value if not 0 <= i < replicas]
+    if outside:
+        raise ConfigError("debug.fail_replicas", f"replica {outside[0]} does not exist: this run has {replicas} "
+                                                 f"engine replica(s), indices 0..{replicas - 1}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from verl_async import staleness
+
 
 def trainer_world_size(cfg: Any) -> int:
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
@@ -30,8 +32,6 @@ def required_samples(cfg: Any) -> int:
 
 def max_required_samples(cfg: Any) -> int:
     """Most groups the Rollouter may produce per parameter version (verl's formula)."""
-    from verl_async.rollout import staleness
-
     at = cfg.async_training
     return staleness.max_required_samples(required_samples(cfg), at.trigger_parameter_sync_step, at.staleness_threshold)
 

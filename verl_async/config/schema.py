@@ -368,6 +368,8 @@ class RewardModelConfig:
     timeout_s: float = rule(gt=0)
     num_workers: int = rule(ge=1)
     gsm8k_method: str = rule(choices=("strict", "flexible"))
+    max_error_rate: float = rule(ge=0, le=1)
+    error_window: int = rule(ge=1)
     reward_kwargs: Dict[str, Any]
 
 
@@ -398,6 +400,8 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int]
     ray_wait_register_center_timeout: int
     worker_timeout_s: float = rule(gt=0)
+    cpu_threads_per_worker: int = rule(ge=1)
+    dry_run: bool
     esi_redundant_time: float
     use_legacy_worker_impl: str
     device: str = rule(choices=DEVICES)
@@ -414,6 +418,7 @@ class RolloutResourcesConfig:
     test_freq: int
     max_prompt_retries: int = rule(ge=0)
     max_consecutive_engine_failures: int = rule(ge=1)
+    progress_timeout_s: Optional[float] = rule(gt=0)
 
 
 @schema
@@ -448,6 +453,7 @@ class AsyncTrainingConfig:
     queue_capacity: Optional[int] = rule(ge=1)
     sync_transport: str = rule(choices=SYNC_TRANSPORTS)
     sync_bucket_size_mb: int = rule(gt=0)
+    sync_timeout_s: Optional[float] = rule(gt=0)
     checkpoint_engine: CheckpointEngineConfig
     long_tail: LongTailConfig
 
@@ -459,6 +465,7 @@ class DebugConfig:
     save_rollout_data: Optional[str]
     load_rollout_data: Optional[str]
     save_train_output: Optional[str]
+    fail_replicas: Any  # null | "all" | list of engine replica indices (checks.fail_replicas)
 
 
 @schema

@@ -1,24 +1,11 @@
 """Model and tokenizer loading (HF id, local folder, GGUF file, builtin://) and the tiny demo model.
 
-Attributes load lazily so that `verl_async.models.names` (used by config validation) does
-not import torch.
+    names     the model paths we understand besides HF ids and folders (no heavy imports)
+    loading   tokenizer, HF config and causal LM loading (torch, transformers)
+    tiny      the tiny demo model and its character tokenizer
+    builtin   builtin:// models: built locally or converted from a GGUF file (gguf.py), cached
+
+This package re-exports nothing: `verl_async` and config validation import `names`, and
+everything they import must stay free of torch (a config error prints in half a second).
+Import from the module that does the job, e.g. `from verl_async.models.loading import load_tokenizer`.
 """
-
-import importlib
-
-_EXPORTS = {
-    "apply_override_config": "verl_async.models.loading",
-    "load_causal_lm": "verl_async.models.loading",
-    "load_hf_config": "verl_async.models.loading",
-    "load_tokenizer": "verl_async.models.loading",
-    "build_char_tokenizer": "verl_async.models.tiny",
-    "build_tiny_model_dir": "verl_async.models.tiny",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'verl_async.models' has no attribute {name!r}")

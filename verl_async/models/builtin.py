@@ -32,7 +32,7 @@ import torch
 from verl_async.models.gguf import gguf_to_hf_folder, installed_smollm2_gguf
 from verl_async.models.names import BUILTIN_MODELS, DEMO_MODELS, REAL_MODELS, SCHEME, is_builtin, is_gguf
 from verl_async.models.tiny import build_tiny_model_dir
-from verl_async.utils.cache import cache_path
+from verl_async.utils.cache import cache_path, cached_folder
 
 logger = logging.getLogger("verl_async.models")
 
@@ -84,24 +84,19 @@ def resolve_model_path(path: str) -> str:
         return gguf_to_hf_folder(REAL_CHECKPOINTS[name]())
     folder = demo_model_folder(path)
     spec = SPECS[name]
-    if os.path.exists(os.path.join(folder, "warmstart.json")):
-        return folder
-    tmp = folder + f".tmp{os.getpid()}"
+    return cached_folder(folder, "warmstart.json", lambda tmp: _build_tiny(tmp, spec))
+
+
+def _build_tiny(out_dir: str, spec: TinySpec) -> None:
+    """The tiny model, warm-started when the spec asks; `warmstart.json` last (the cache's completion marker)."""
     build_tiny_model_dir(
-        tmp, hidden_size=spec.hidden_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
+        out_dir, hidden_size=spec.hidden_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
         seed=spec.seed, overwrite=True,
     )
-    report = warm_start(tmp, spec) if spec.sft_steps > 0 else {"sft_steps": 0}
-    with open(os.path.join(tmp, "warmstart.json"), "w") as f:
+    report = warm_start(out_dir, spec) if spec.sft_steps > 0 else {"sft_steps": 0}
+    with open(os.path.join(out_dir, "warmstart.json"), "w") as f:
         json.dump({"spec": asdict(spec), **report}, f, indent=1)
-    if os.path.exists(folder):  # another process won the race; keep theirs
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        os.replace(tmp, folder)
-    return folder
 
 
 def warm_start(model_dir: str, spec: TinySpec) -> dict:

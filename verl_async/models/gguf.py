@@ -16,9 +16,8 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 
-from verl_async.utils.cache import cache_path
+from verl_async.utils.cache import cache_path, cached_folder
 from verl_async.versions import installed_transformers_version
 
 logger = logging.getLogger("verl_async.models")
@@ -52,7 +51,7 @@ def _file_digest(path: str) -> str:
 
 
 def gguf_to_hf_folder(gguf_path: str) -> str:
-    """The cached HF folder for `gguf_path`, converting on first use (atomic: temp folder + rename)."""
+    """The cached HF folder for `gguf_path`, converting on first use (utils.cache.cached_folder: atomic)."""
     gguf_path = os.path.abspath(os.path.expanduser(gguf_path))
     if not os.path.isfile(gguf_path):
         raise FileNotFoundError(f"actor_rollout_ref.model.path: no such GGUF file: {gguf_path}")
@@ -61,19 +60,14 @@ def gguf_to_hf_folder(gguf_path: str) -> str:
     # (TokenizersBackend) that 4.x cannot load, so two environments sharing the cache convert once each
     major = (installed_transformers_version() or "0").split(".")[0]
     folder = cache_path("models", f"gguf-{stem}-{_file_digest(gguf_path)}-v{CONVERSION_VERSION}-tf{major}")
-    if os.path.isfile(os.path.join(folder, "gguf_source.json")):
-        return folder
-    tmp = f"{folder}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("converting %s into an HF folder (once; cached at %s)", gguf_path, folder)
-    _convert(gguf_path, tmp)
-    with open(os.path.join(tmp, "gguf_source.json"), "w") as f:
-        json.dump({"gguf_file": gguf_path, "dtype": "float32"}, f, indent=1)
-    if os.path.exists(folder):  # another process converted it meanwhile
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        os.replace(tmp, folder)
-    return folder
+
+    def build(tmp: str) -> None:
+        logger.info("converting %s into an HF folder (once; cached at %s)", gguf_path, folder)
+        _convert(gguf_path, tmp)
+        with open(os.path.join(tmp, "gguf_source.json"), "w") as f:  # last: the cache's completion marker
+            json.dump({"gguf_file": gguf_path, "dtype": "float32"}, f, indent=1)
+
+    return cached_folder(folder, "gguf_source.json", build)
 
 
 def _convert(gguf_path: str, out_dir: str) -> None:

@@ -5,9 +5,13 @@ Typical use (the Rollouter):
 
     manager = build_reward_manager(cfg.reward_model, cfg.custom_reward_function, tokenizer,
                                    max_response_length=cfg.data.max_response_length)
-    for reward, info in manager.score_group(response_ids, data_source, ground_truth, extra_info): ...
+    for reward, info, error in manager.score_group(response_ids, data_source, ground_truth, extra_info): ...
+
+`error` is None when the scorer scored; otherwise why it failed (the response scored 0).
+A function that fails too often raises `RewardFunctionError` (reward_model.max_error_rate).
 """
 
+from verl_async.reward.error_rate import RewardFunctionError
 from verl_async.reward.manager import (
     REWARD_MANAGERS,
     OverlongBuffer,
@@ -20,6 +24,7 @@ from verl_async.reward.registry import (
     FunctionRef,
     UnknownDataSourceError,
     custom_scorer_ref,
+    as_number,
     default_compute_score,
     resolve_scorer,
     to_score_dict,
@@ -30,9 +35,11 @@ __all__ = [
     "FunctionRef",
     "OverlongBuffer",
     "Reward",
+    "RewardFunctionError",
     "RewardManager",
     "RewardStats",
     "UnknownDataSourceError",
+    "as_number",
     "build_reward_manager",
     "custom_scorer_ref",
     "default_compute_score",

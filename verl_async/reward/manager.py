@@ -11,9 +11,13 @@ with `len` the response length in tokens (the EOS token included, as verl counts
 `valid_response_length`). Configured by `reward_model.reward_kwargs.overlong_buffer_cfg.
 {enable,len,penalty_factor,log}` and `reward_model.reward_kwargs.max_resp_len`.
 
-Scoring never raises because of a response: a scorer that raises, returns garbage or
-passes `reward_model.timeout_s` scores 0, is counted and logged (rate-limited). A
-configuration error (unknown data_source, missing custom function) does raise.
+Scoring never raises because of one response: a scorer that raises, returns garbage or a
+non-finite value, or passes `reward_model.timeout_s` scores 0, is counted, logged
+(rate-limited) and marked (`Reward.error`, `info["reward_error"]`, and no `acc`: a failed
+score is no wrong answer, so accuracies leave it out). A function that fails on more than
+`reward_model.max_error_rate` of the last `reward_model.error_window` responses is broken:
+scoring raises `RewardFunctionError` and the run stops (error_rate.py). A configuration
+error (unknown data_source, missing custom function) raises too.
 The manager is plain and synchronous; an asyncio caller wraps `score_group` in
 `asyncio.to_thread` (calls are serialised by the sandbox's lock).
 """
@@ -25,6 +29,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
+from verl_async.reward.error_rate import ErrorWindow, too_many_failures
 from verl_async.reward.registry import FunctionRef, custom_scorer_ref, resolve_scorer
 from verl_async.reward.sandbox import Outcome, ScorerPool, Task, run_inline
 
@@ -37,6 +42,7 @@ _DEFAULT_FN = FunctionRef(module="verl_async.reward.registry", name="default_com
 class Reward(NamedTuple):
     reward: float
     info: dict[str, float]
+    error: Optional[str] = None  # why the scorer failed (the response scored 0); None: it scored
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,8 @@ class RewardManager:
         scorer_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
         log_first: int = 10,
         log_every: int = 100,
+        max_error_rate: float = 0.1,
+        error_window: int = 200,
     ) -> None:
         if name not in REWARD_MANAGERS:
             raise ValueError(f"reward_model.reward_manager={name!r}: expected one of {REWARD_MANAGERS}")
@@ -93,19 +101,22 @@ class RewardManager:
         self.overlong = overlong
         self.scorer_options = {name: dict(opts) for name, opts in (scorer_options or {}).items()}
         self.timeout_s = float(timeout_s)
-        self.pool = ScorerPool(num_workers)
+        self.pool = ScorerPool(num_workers, preload=[custom_fn] if custom_fn is not None else [])
         self.stats = RewardStats()
+        self.error_window = ErrorWindow(max_error_rate, error_window)
         self._stats_lock = threading.Lock()
         self._log_first, self._log_every = log_first, log_every
 
     # -- scoring ---------------------------------------------------------------------
 
-    def _task(self, data_source: str, text: str, ground_truth: Any, extra_info: Optional[dict]) -> tuple[Task, bool]:
+    def _task(self, data_source: str, text: str, ground_truth: Any, extra_info: Optional[dict]) -> tuple[Task, bool, str]:
+        """The scoring task, whether it runs inline (bounded), and the function's name for messages."""
         kwargs = dict(data_source=data_source, solution_str=text, ground_truth=ground_truth, extra_info=extra_info)
         if self.custom_fn is not None:
-            return Task(self.custom_fn, {**kwargs, **self.custom_kwargs}), False
+            return Task(self.custom_fn, {**kwargs, **self.custom_kwargs}), False, self.custom_fn.label
         spec = resolve_scorer(data_source)  # raises on an unknown data_source
-        return Task(_DEFAULT_FN, {**kwargs, **self.scorer_options.get(spec.name, {})}), spec.bounded
+        task = Task(_DEFAULT_FN, {**kwargs, **self.scorer_options.get(spec.name, {})})
+        return task, spec.bounded, f"{_DEFAULT_FN.label} ({spec.name!r} scorer)"
 
     def score_texts(
         self,
@@ -120,10 +131,13 @@ class RewardManager:
             raise ValueError(f"score_texts: {len(texts)} texts but {len(lengths)} lengths")
         if not texts:
             return []
-        task, bounded = self._task(data_source, texts[0], ground_truth, extra_info)
+        task, bounded, function = self._task(data_source, texts[0], ground_truth, extra_info)
         tasks = [Task(task.fn, {**task.kwargs, "solution_str": t}) for t in texts]
         outcomes = [run_inline(t) for t in tasks] if bounded else self.pool.run(tasks, self.timeout_s)
-        return [self._shape(o, n, data_source, text) for o, n, text in zip(outcomes, lengths, texts)]
+        rewards = [self._shape(o, n) for o, n in zip(outcomes, lengths)]
+        for outcome, text in zip(outcomes, texts):
+            self._count(outcome, data_source, text, ground_truth, function)
+        return rewards
 
     def score_group(
         self,
@@ -146,39 +160,51 @@ class RewardManager:
         rewards = self.score_group(
             [r.token_ids for r in sample.responses], sample.data_source, sample.ground_truth, sample.extra_info
         )
-        for response, (reward, info) in zip(sample.responses, rewards):
-            response.reward, response.reward_info = reward, info
+        for response, reward in zip(sample.responses, rewards):
+            response.reward, response.reward_info = reward.reward, reward.info
         return sample
 
-    def _shape(self, outcome: Outcome, length: int, data_source: str, text: str) -> Reward:
+    def _shape(self, outcome: Outcome, length: int) -> Reward:
         if outcome.ok:
             info = dict(outcome.value)
             info.update(reward_error=0.0, reward_timeout=0.0)
         else:
-            info = {"score": 0.0, "acc": 0.0, "reward_error": 1.0, "reward_timeout": float(outcome.timed_out)}
+            # no "acc": a failed score is not a wrong answer (critic/acc/mean and val/* leave it out)
+            info = {"score": 0.0, "reward_error": 1.0, "reward_timeout": float(outcome.timed_out)}
         reward = info["score"]
         if self.overlong is not None:
             penalty = self.overlong.penalty(length)
             reward += penalty
             if self.overlong.log:
                 info.update(overlong_reward=penalty, overlong=float(penalty < 0))
-        self._count(outcome, data_source, text)
-        return Reward(float(reward), info)
+        return Reward(float(reward), info, None if outcome.ok else _error_text(outcome))
 
-    def _count(self, outcome: Outcome, data_source: str, text: str) -> None:
+    def _count(self, outcome: Outcome, data_source: str, text: str, ground_truth: Any, function: str) -> None:
+        """Count one scored response; raise RewardFunctionError when the function fails too often."""
         with self._stats_lock:
             self.stats.scored += 1
+            broken = self.error_window.record(not outcome.ok)
             if outcome.ok:
                 return
             self.stats.errors += 1
             self.stats.timeouts += int(outcome.timed_out)
             failures = self.stats.errors
+            # built under the lock: the message reads the window
+            stop = too_many_failures(self.error_window, function, _error_text(outcome), data_source, ground_truth,
+                                     text) if broken else None
+        if stop is not None:
+            raise stop
         if failures <= self._log_first or failures % self._log_every == 0:
             logger.warning(
                 "reward scorer %s for data_source=%r (scored 0; %d failures so far): %s; response[%d chars]=%r",
                 "timed out" if outcome.timed_out else "failed", data_source, failures, outcome.error,
                 len(text), text[:200],
             )
+
+    def summary(self) -> dict[str, int]:
+        """Counts for the end-of-run summary: scored responses and those whose scorer failed (scored 0)."""
+        with self._stats_lock:
+            return {"reward_scored": self.stats.scored, "reward_errors": self.stats.errors}
 
     def metrics(self) -> dict[str, float]:
         with self._stats_lock:
@@ -190,6 +216,10 @@ class RewardManager:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def _error_text(outcome: Outcome) -> str:
+    return f"{outcome.error} (reward_model.timeout_s)" if outcome.timed_out else str(outcome.error)
 
 
 # -- construction from config -----------------------------------------------------------
@@ -258,4 +288,6 @@ def build_reward_manager(
         timeout_s=float(rm.get("timeout_s", 5.0)),
         num_workers=int(rm.get("num_workers", 1)),
         scorer_options={"gsm8k": {"method": str(rm.get("gsm8k_method", "strict"))}},
+        max_error_rate=float(rm.get("max_error_rate", 0.1)),
+        error_window=int(rm.get("error_window", 200)),
     )

@@ -2,7 +2,8 @@
 
 Every scorer here returns a dict with at least `score` (the reward) and `acc`
 (1.0 when the answer is right); `to_score_dict` brings any scorer's return value
-(float, bool, dict) to that shape, so reward managers see one format.
+(a number of any numeric type: bool, int, float, numpy scalar, 0-d tensor; or a dict
+with `score`) to that shape, so reward managers see one format.
 
 `bounded` marks scorers whose cost is linear in a clipped input (gsm8k, the
 built-in task): they run inline. The others (math: sympy; custom: unknown code)
@@ -98,22 +99,48 @@ def default_compute_score(
     return resolve_scorer(data_source).fn(solution_str, ground_truth, extra_info, **options)
 
 
+def as_number(value: Any) -> float:
+    """float(value) for a real number of any numeric type, as verl takes it (it calls float()).
+
+    bool, int, float, numpy scalars (`np.float32(1.0)`, what numpy-based scorers return),
+    0-d numpy arrays and 0-d tensors are numbers; strings, containers and arrays with more
+    than one element are not (float("1.0") would parse text, and a scorer that returns
+    text is broken).
+    """
+    if isinstance(value, (str, bytes, complex)) or getattr(value, "ndim", 0) != 0:
+        raise TypeError(f"scorer returned {_describe(value)}, expected a number or a dict with 'score'")
+    try:
+        return float(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"scorer returned {_describe(value)}, expected a number or a dict with 'score'") from exc
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return f"{type(value).__name__}" + (f" of shape {tuple(shape)}" if shape is not None and len(shape) else "")
+
+
+def _number_or_none(value: Any) -> Optional[float]:
+    try:
+        return as_number(value)
+    except TypeError:
+        return None
+
+
 def to_score_dict(raw: Any) -> dict[str, float]:
     """A scorer's return value as {"score", "acc", other numeric extras}; raise on nonsense.
 
-    A bare number is the score; `acc` defaults to `score > 0`. Non-numeric extras
-    (e.g. the predicted string) are dropped: reward info travels as numbers.
+    A bare number (see `as_number`) is the score; `acc` defaults to `score > 0`. Non-numeric
+    extras (e.g. the predicted string) are dropped: reward info travels as numbers. A
+    non-finite score raises: it is a scorer failure, counted as one (never a reward).
     """
     if isinstance(raw, dict):
         if "score" not in raw:
-            raise ValueError(f"scorer returned a dict without 'score' (keys: {sorted(raw)})")
-        out = {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float))}
-        if not isinstance(raw["score"], (int, float)):
-            raise TypeError(f"scorer returned score of type {type(raw['score']).__name__}, expected a number")
-    elif isinstance(raw, (int, float)):
-        out = {"score": float(raw)}
+            raise ValueError(f"scorer returned a dict without 'score' (keys: {sorted(map(str, raw))})")
+        out = {str(k): v for k, v in ((k, _number_or_none(v)) for k, v in raw.items()) if v is not None}
+        out["score"] = as_number(raw["score"])
     else:
-        raise TypeError(f"scorer returned {type(raw).__name__}, expected a number or a dict with 'score'")
+        out = {"score": as_number(raw)}
     if not math.isfinite(out["score"]):
         raise ValueError(f"scorer returned a non-finite score {out['score']}")
     out.setdefault("acc", float(out["score"] > 0))
@@ -131,6 +158,11 @@ class FunctionRef:
     name: str
     module: Optional[str] = None
     path: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        """`file.py:name` or `module:name`, for messages."""
+        return f"{self.path or self.module}:{self.name}"
 
     def load(self) -> Callable:
         key = (self.module, self.path, self.name)

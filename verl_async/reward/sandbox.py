@@ -11,7 +11,9 @@ Workers come from a `forkserver` (a clean single-threaded server process, so it 
 safe inside Ray actors and threaded parents) that preloads the scorers: replacing a
 killed worker is a fork, milliseconds, not a fresh interpreter. Where forkserver is
 unavailable, `spawn`. A worker announces readiness before its first deadline
-starts, so start-up time is never charged to a task.
+starts, so start-up time is never charged to a task: it imports the pool's `preload`
+functions first (a custom scorer's module importing torch took 3 s; charged to the first
+response, it timed out, and so did every replacement worker's first response).
 """
 
 from __future__ import annotations
@@ -56,9 +58,14 @@ def run_inline(task: Task) -> Outcome:
         return Outcome(error=f"{type(exc).__name__}: {exc}"[:500])
 
 
-def _worker_main(conn: Connection) -> None:
+def _worker_main(conn: Connection, preload: Sequence[FunctionRef] = ()) -> None:
     import verl_async.reward.math_answer  # noqa: F401  (warm the heavy import before "ready")
 
+    for ref in preload:
+        try:
+            ref.load()
+        except Exception:  # noqa: BLE001 - each task that calls it reports the error
+            pass
     conn.send("ready")
     while True:
         try:
@@ -89,9 +96,10 @@ def _context(start_method: Optional[str]):
 
 
 class _Worker:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, preload: Sequence[FunctionRef] = ()) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="verl_async-scorer")
+        self.proc = ctx.Process(target=_worker_main, args=(child, tuple(preload)), daemon=True,
+                                name="verl_async-scorer")
         self.proc.start()
         child.close()
         if not self.conn.poll(STARTUP_TIMEOUT_S) or self.conn.recv() != "ready":
@@ -108,24 +116,29 @@ class _Worker:
 
 
 class ScorerPool:
-    """`num_workers` scorer processes; `run(tasks, timeout_s)` returns one Outcome per task."""
+    """`num_workers` scorer processes; `run(tasks, timeout_s)` returns one Outcome per task.
 
-    def __init__(self, num_workers: int = 1, start_method: Optional[str] = None) -> None:
+    `preload`: functions each worker imports before it is ready (not charged to a task's time limit).
+    """
+
+    def __init__(self, num_workers: int = 1, start_method: Optional[str] = None,
+                 preload: Sequence[FunctionRef] = ()) -> None:
         if num_workers < 1:
             raise ValueError(f"reward_model.num_workers must be >= 1, got {num_workers}")
         self.num_workers = num_workers
         self._ctx = _context(start_method)
+        self.preload = tuple(preload)
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self.replaced = 0  # workers killed after a timeout or found dead
 
     def _ensure_started(self) -> None:
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self._ctx))
+            self._workers.append(_Worker(self._ctx, self.preload))
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
-        self._workers[self._workers.index(worker)] = _Worker(self._ctx)
+        self._workers[self._workers.index(worker)] = _Worker(self._ctx, self.preload)
         self.replaced += 1
 
     def run(self, tasks: Sequence[Task], timeout_s: float) -> list[Outcome]:

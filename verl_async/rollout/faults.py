@@ -1,27 +1,31 @@
 """Fault injection for tests and drills: engine replicas that fail every request.
 
-`VERL_ASYNC_FAIL_REPLICAS=0,2` (or `all`) wraps those replicas' engines so that every
+`debug.fail_replicas=[0,2]` (or `all`) wraps those replicas' engines so that every
 generate returns an error, as a broken engine does (a wedged device, NaN logits, a bad
 weight load), while weight syncs still succeed. CI runs `recipe.fully_async_main` with
 it to check that such a run ends with a clear message (tests/test_fault_injection.py).
-Unset (the default), nothing is wrapped.
+Null (the default), nothing is wrapped.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 from verl_async.rollout.engine import DelegatingEngine, GenerateRequest, GenerateResult, InferenceEngine
 
-FAIL_ENV = "VERL_ASYNC_FAIL_REPLICAS"
+FailReplicas = Optional[Union[str, Sequence[int]]]  # debug.fail_replicas: null | "all" | replica indices
 
 
-def replica_fails(index: int, value: Optional[str] = None) -> bool:
-    """Whether replica `index` is told to fail by VERL_ASYNC_FAIL_REPLICAS ("all" or a list of indices)."""
-    value = os.environ.get(FAIL_ENV, "") if value is None else value
-    names = {v.strip() for v in value.split(",") if v.strip()}
-    return "all" in names or str(index) in names
+def replica_fails(index: int, fail_replicas: FailReplicas) -> bool:
+    """Whether `fail_replicas` (debug.fail_replicas: null, "all" or a list of indices) names replica `index`."""
+    if fail_replicas is None:
+        return False
+    if isinstance(fail_replicas, str):
+        if fail_replicas != "all":
+            raise ValueError(f"debug.fail_replicas: expected null, 'all' or a list of replica indices, "
+                             f"got {fail_replicas!r}")
+        return True
+    return index in {int(i) for i in fail_replicas}
 
 
 class FailingEngine(DelegatingEngine):
@@ -36,8 +40,9 @@ class FailingEngine(DelegatingEngine):
                               list(request.prefix_versions), "abort", error=self.message)
 
 
-def with_faults(engine: InferenceEngine, index: int) -> InferenceEngine:
-    """`engine`, or a FailingEngine around it when VERL_ASYNC_FAIL_REPLICAS names replica `index`."""
-    if not replica_fails(index):
+def with_faults(engine: InferenceEngine, index: int, fail_replicas: FailReplicas) -> InferenceEngine:
+    """`engine`, or a FailingEngine around it when `fail_replicas` names replica `index`."""
+    if not replica_fails(index, fail_replicas):
         return engine
-    return FailingEngine(engine, f"injected failure on replica {index} ({FAIL_ENV}={os.environ[FAIL_ENV]})")
+    shown = fail_replicas if isinstance(fail_replicas, str) else list(fail_replicas)
+    return FailingEngine(engine, f"injected failure on replica {index} (debug.fail_replicas={shown})")

@@ -40,15 +40,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from verl_async.protocol import Response
 from verl_async.rollout import pdsr
-
-if TYPE_CHECKING:
-    from verl_async.rollout.rollouter import PromptTask, Rollouter
+from verl_async.rollout.rollouter import PromptTask, Rollouter
 
 CAP_MODES = ("l_cut", "probe")
 TRUTHS = ("mean", "max")
@@ -79,7 +77,7 @@ def replica_max_num_seqs(
 class _Batch:
     """One P-DSR batch: members by position, their probes, then the plan."""
 
-    members: list["PromptTask"] = field(default_factory=list)
+    members: list[PromptTask] = field(default_factory=list)
     probes: dict[int, Optional[Response]] = field(default_factory=dict)  # None: dropped
     closed: bool = False
     planned: bool = False
@@ -95,7 +93,7 @@ class PDSRPolicy:
 
     def __init__(
         self,
-        rollouter: "Rollouter",
+        rollouter: Rollouter,
         *,
         offload_ratio: float = 0.2,
         cap_factor: float = 1.5,
@@ -140,7 +138,7 @@ class PDSRPolicy:
         return int(self.rollouter.sampling.max_tokens)
 
     # ------------------------------------------------------------------ batching
-    def _join(self, item: "PromptTask") -> tuple[_Batch, int]:
+    def _join(self, item: PromptTask) -> tuple[_Batch, int]:
         batch = self._open
         if batch is None:
             batch = self._open = _Batch()
@@ -209,7 +207,7 @@ class PDSRPolicy:
             self.stats.record_precision(batch.plan, [batch.finals[i] for i in range(len(batch.valid))], self.truth)
 
     # ------------------------------------------------------------------ one group
-    async def generate_group(self, item: "PromptTask") -> Optional[list[Response]]:
+    async def generate_group(self, item: PromptTask) -> Optional[list[Response]]:
         ro = self.rollouter
         batch, pos = self._join(item)
         probe: Optional[Response] = None
@@ -238,7 +236,7 @@ class PDSRPolicy:
         self._group_done(batch, index, [len(r) for r in responses])  # type: ignore[arg-type]
         return responses  # type: ignore[return-value]
 
-    async def _rest(self, item: "PromptTask", i: int, cap: Optional[int], broken: list[bool]) -> Optional[Response]:
+    async def _rest(self, item: PromptTask, i: int, cap: Optional[int], broken: list[bool]) -> Optional[Response]:
         """Response i (> 0): heavy when cap is None; else fast under the cap, moved to heavy at the breaker."""
         ro = self.rollouter
         if cap is None:
@@ -299,7 +297,7 @@ def max_inflight_groups(capacities: list[int], n: int, scheduling: str, kwargs: 
     return base + int(kwargs.get("batch_size", 0)) if scheduling == "pdsr" else base
 
 
-def scheduling_metrics(rollouter: "Rollouter", wall_s: float) -> dict[str, float]:
+def scheduling_metrics(rollouter: Rollouter, wall_s: float) -> dict[str, float]:
     """What a scheduling policy is judged by: replica busy ratios, group latency, policy counters.
 
     rollout/replica{i}/busy_ratio: share of `wall_s` with >= 1 request on replica i;

@@ -18,7 +18,9 @@ staleness slot back, and its prompt is generated again later, at most
 `max_prompt_retries` times, before it is counted as failed (`failed_prompts`, listed in
 `failed_log`) and the run goes on without it. A replica with
 `max_consecutive_engine_failures` failed requests in a row leaves the rotation
-(`rollout.health`); when none is left the run stops with the engine's error.
+(`rollout.health`); when none is left the run stops with the engine's error. Requests
+on the engines with no token and no group for `progress_timeout_s` stop the run too
+(`rollout.watchdog`: a wedged engine never answers, so no error ever comes).
 
 This is a plain asyncio class; the recipe wraps it in an async Ray actor.
 """
@@ -27,20 +29,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import os
 import time
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Collection, Iterable, Optional, Protocol, Sequence
+from typing import Any, Callable, Collection, Iterable, Optional, Protocol, Sequence
 
 import torch
 
 from verl_async.protocol import Response, RolloutSample
 from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
 from verl_async.rollout.health import EngineFailure, ReplicaHealth
-from verl_async.rollout.staleness import StalenessBudget
+from verl_async.rollout.lengths_log import append_jsonl, lengths_record
+from verl_async.rollout.watchdog import ProgressWatchdog
+from verl_async.staleness import StalenessBudget
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollouter")
@@ -85,6 +88,17 @@ class SampleSink(Protocol):
     async def size(self) -> int: ...
 
 
+class SchedulingPolicy(Protocol):
+    """How one admitted prompt's `n` responses are generated (PlainPolicy; P-DSR in pdsr_policy.py).
+
+    Built by the Rollouter as `policy(rollouter, **scheduling_kwargs)`; its builder picks the class
+    (rollout/scheduling.py maps the config's name to it), so this module imports no policy but the plain one.
+    May also define `on_admission_stalled(reason)` and `metrics()`.
+    """
+
+    async def generate_group(self, item: PromptTask) -> Optional[list[Response]]: ...
+
+
 @dataclass
 class RolloutCounters:
     started_groups: int = 0
@@ -120,12 +134,13 @@ class Rollouter:
         timeline: Optional[Timeline] = None,
         lengths_log: Optional[str] = None,
         version: int = 0,
-        scheduling: str = "plain",
+        scheduling: Optional[Callable[..., SchedulingPolicy]] = None,
         scheduling_kwargs: Optional[dict[str, Any]] = None,
         engine_capacity: Optional[Sequence[int]] = None,
         max_prompt_retries: int = 2,
         max_consecutive_engine_failures: int = 32,
         failed_log: Optional[str] = None,
+        progress_timeout_s: Optional[float] = None,
     ) -> None:
         if not engines:
             raise ValueError("Rollouter needs at least one engine replica")
@@ -146,12 +161,13 @@ class Rollouter:
         self.max_prompt_retries = max(0, int(max_prompt_retries))
         self.health = ReplicaHealth(len(self.engines), max_consecutive_engine_failures)
         self.failed_log = failed_log
+        self.progress_timeout_s = progress_timeout_s  # None: no progress watchdog (tests that do not need it)
         self.failed: list[dict[str, Any]] = []  # prompts given up on (uid, index, epoch, attempts, error)
         self.last_engine_error: Optional[str] = None
         self._retry: collections.deque[PromptTask] = collections.deque()  # dropped prompts to generate again
         self._source_done = False
         self._inflight: dict[str, tuple[PromptTask, asyncio.Task]] = {}
-        self._requests_per_engine = [0] * len(self.engines)
+        self._requests_on: list[dict[str, float]] = [{} for _ in self.engines]  # request id -> start (monotonic)
         # concurrent sequences each replica runs (max_num_seqs); pick_engine balances load / capacity
         self.engine_capacity = [max(1, int(c)) for c in (engine_capacity or [1] * len(self.engines))]
         if len(self.engine_capacity) != len(self.engines):
@@ -171,13 +187,29 @@ class Rollouter:
         self._failure: Optional[BaseException] = None
         self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
         self._serial = 0
-        self.policy = build_policy(scheduling, self, **dict(scheduling_kwargs or {}))
+        self.policy = (scheduling or PlainPolicy)(self, **dict(scheduling_kwargs or {}))
         for path in (lengths_log, failed_log):
             if path:
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
     # ------------------------------------------------------------------ main loop
     async def run(self) -> RolloutCounters:
+        """Generate until the data ends, under the progress watchdog when `progress_timeout_s` is set."""
+        watchdog = None
+        if self.progress_timeout_s is not None:
+            watchdog = asyncio.create_task(ProgressWatchdog(self, self.progress_timeout_s).run(), name="watchdog")
+            watchdog.add_done_callback(self._on_watchdog_done)
+        try:
+            return await self._generate_all()
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+
+    def _on_watchdog_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.fail(task.exception())
+
+    async def _generate_all(self) -> RolloutCounters:
         """Admit prompts until the data (or total_prompts) is exhausted; wait for the tail.
 
         Dropped prompts come back before new data, also after the data ended, so the tail
@@ -260,6 +292,24 @@ class Rollouter:
     def inflight_groups(self) -> int:
         return len(self._inflight)
 
+    @property
+    def in_sync(self) -> bool:
+        """Inside a weight sync (generation paused on purpose)."""
+        return not self._open.is_set()
+
+    def requests_on_engines(self) -> list[dict[str, float]]:
+        """Per replica: the requests it holds now, request id -> when it was sent (time.monotonic())."""
+        return [dict(held) for held in self._requests_on]
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop the run with `exc` (the progress watchdog): in-flight groups are cancelled, `run` raises it."""
+        if self._failure is None:
+            self._failure = exc
+            logger.error("rollout failed: %s", exc)
+        for _, task in self._inflight.values():
+            task.cancel()
+        self._poke()
+
     def _start_group(self, item: PromptTask) -> None:
         self._last_event = time.monotonic()
         self.budget.on_start()
@@ -304,7 +354,8 @@ class Rollouter:
         )
         finish = self.timeline.now()
         self.group_latencies.append(finish - submit)
-        self._log_lengths(sample, submit, finish)
+        if self.lengths_log:
+            append_jsonl(self.lengths_log, lengths_record(sample, submit, finish))
         await self._open.wait()  # no put inside a sync: a checkpoint's queue and pending list agree
         await self.sink.put(sample)
         self.counters.finished_groups += 1
@@ -336,8 +387,7 @@ class Rollouter:
                       "error": self.last_engine_error}
             self.failed.append(record)
             if self.failed_log:
-                with open(self.failed_log, "a") as f:
-                    f.write(json.dumps(record) + "\n")
+                append_jsonl(self.failed_log, record)
             logger.error("prompt %s failed %d times (last engine error: %s): it is not trained "
                          "(rollout/failed_prompts)", item.uid, item.attempts + 1, self.last_engine_error)
         self._poke()
@@ -354,7 +404,7 @@ class Rollouter:
         if not pool:
             raise self.health.failure()
         pool = [i for i in pool if i not in avoid] or pool
-        return min(pool, key=lambda i: self._requests_per_engine[i] / self.engine_capacity[i])
+        return min(pool, key=lambda i: len(self._requests_on[i]) / self.engine_capacity[i])
 
     def response_seed(self, item: PromptTask, i: int, prefix_len: int = 0) -> Optional[int]:
         """Per-response seed, stable across processes and runs (no Python hash randomisation).
@@ -408,12 +458,12 @@ class Rollouter:
                 prefix_versions=state.versions,
             )
             started = started if started is not None else self.timeline.now()
-            self._request_started(idx)
+            self._request_started(idx, request.request_id)
             t0 = self.timeline.now()
             try:
                 result = await self.engines[idx].generate(request)
             finally:
-                self._request_finished(idx)
+                self._request_finished(idx, request.request_id)
             new_tokens = len(result.token_ids) - len(state.token_ids)
             self.timeline.record(
                 f"rollout/replica{idx}", "generate", t0, self.timeline.now(), self.version, tokens=max(0, new_tokens)
@@ -462,19 +512,19 @@ class Rollouter:
         self._serial += 1
         return self._serial
 
-    def _request_started(self, idx: int) -> None:
-        self._requests_per_engine[idx] += 1
-        if self._requests_per_engine[idx] == 1:
+    def _request_started(self, idx: int, request_id: str) -> None:
+        self._requests_on[idx][request_id] = time.monotonic()
+        if len(self._requests_on[idx]) == 1:
             self._replica_busy_since[idx] = time.monotonic()
         self._running_requests += 1
         if self._running_requests == 1:
             self._idle.clear()
             self._busy_since = time.monotonic()
 
-    def _request_finished(self, idx: int) -> None:
-        self._requests_per_engine[idx] -= 1
+    def _request_finished(self, idx: int, request_id: str) -> None:
+        del self._requests_on[idx][request_id]
         since = self._replica_busy_since[idx]
-        if self._requests_per_engine[idx] == 0 and since is not None:
+        if not self._requests_on[idx] and since is not None:
             self.replica_busy_s[idx] += time.monotonic() - since
             self._replica_busy_since[idx] = None
         self._running_requests -= 1
@@ -483,37 +533,6 @@ class Rollouter:
             if self._busy_since is not None:
                 self.counters.busy_time_s += time.monotonic() - self._busy_since
                 self._busy_since = None
-
-    def _log_lengths(self, sample: RolloutSample, submit: float, finish: float) -> None:
-        if not self.lengths_log:
-            return
-        record = {
-            "uid": sample.uid,
-            "index": sample.index,
-            "epoch": sample.epoch,
-            "prompt_len": len(sample.prompt_ids),
-            "param_version_start": sample.param_version_start,
-            "param_version_end": sample.param_version_end,
-            "submit_time": round(submit, 6),
-            "finish_time": round(finish, 6),
-            "responses": [
-                {
-                    "len": len(r),
-                    "finish_reason": r.finish_reason,
-                    "replica": r.replica,
-                    "start": round(r.start_time, 6),
-                    "end": round(r.end_time, 6),
-                    "min_version": r.min_version,
-                    "max_version": r.max_version,
-                    "probe": bool(r.sched.get("probe", False)),
-                    "moved": bool(r.sched.get("moved", False)),
-                    "regenerated_tokens": int(r.sched.get("regenerated_tokens", 0)),
-                }
-                for r in sample.responses
-            ],
-        }
-        with open(self.lengths_log, "a") as f:
-            f.write(json.dumps(record) + "\n")
 
     # ------------------------------------------------------------------ sync
     async def pause_for_sync(self) -> None:
@@ -524,17 +543,27 @@ class Rollouter:
             return
         # Abort until idle: a request that slipped in just after an abort is aborted by the next.
         while True:
-            await asyncio.gather(*(e.abort(None) for e in self.engines))
+            await self._abort_all()
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout=0.2)
                 return
             except asyncio.TimeoutError:
                 continue
 
+    async def _abort_all(self) -> None:
+        """Abort every request on every replica; one out of rotation may be broken or dead: its error is logged."""
+        serving = set(self.health.serving())
+        results = await asyncio.gather(*(e.abort(None) for e in self.engines), return_exceptions=True)
+        for index, result in enumerate(results):
+            if isinstance(result, BaseException):
+                if index in serving:
+                    raise result
+                logger.warning("abort on replica %d (out of rotation) failed: %s", index, result)
+
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Refit every replica (called between pause_for_sync and resume_after_sync)."""
+        """Refit every replica in rotation (called between pause_for_sync and resume_after_sync)."""
         tensors = list(named_tensors)
-        await asyncio.gather(*(e.update_weights(iter(tensors), version) for e in self.engines))
+        await asyncio.gather(*(self.engines[i].update_weights(iter(tensors), version) for i in self.health.serving()))
 
     async def resume_after_sync(self, version: int) -> None:
         self.version = version
@@ -572,19 +601,3 @@ class PlainPolicy:
         ro = self.rollouter
         results = await asyncio.gather(*(ro.generate_one(item, i) for i in range(ro.n)))
         return None if any(r is None for r in results) else list(results)  # type: ignore[arg-type]
-
-
-SCHEDULING_POLICIES: dict[str, str] = {
-    "plain": "verl_async.rollout.rollouter:PlainPolicy",
-    "pdsr": "verl_async.rollout.pdsr_policy:PDSRPolicy",
-}
-
-
-def build_policy(name: str, rollouter: Rollouter, **kwargs: Any) -> Any:
-    """A scheduling policy by name (async_training.long_tail / scheduling); never an if/else chain."""
-    import importlib
-
-    if name not in SCHEDULING_POLICIES:
-        raise ValueError(f"unknown rollout scheduling policy {name!r}; available: {sorted(SCHEDULING_POLICIES)}")
-    module, _, attr = SCHEDULING_POLICIES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)(rollouter, **kwargs)

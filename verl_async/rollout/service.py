@@ -1,7 +1,8 @@
 """The Rollouter actor: owns the data, the engine replicas and the rewards.
 
 `RolloutService` builds the plain `Rollouter` from the config and adds what the
-pipeline needs around it: weight loading from bucket refs, validation, and the state
+pipeline needs around it: the rollout side of weight sync (one call, verl_async/sync/),
+validation, and the state
 that makes a resumed run train every prompt exactly once (dataset cursor + the
 prompts that were taken but not yet queued).
 """
@@ -19,17 +20,18 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from verl_async.data import PromptDataset, PromptIterator
-from verl_async.models import load_tokenizer
+from verl_async.data import Draw, PromptDataset, PromptIterator
+from verl_async.models.loading import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
+from verl_async.rollout.scheduling import policy_class
 from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
-from verl_async.rollout.staleness import StalenessBudget
-from verl_async.sync_collective import EngineGroupEndpoint
-from verl_async.sync_ipc import IpcEndpoint
+from verl_async.rollout.watchdog import progress_timeout_s
+from verl_async.staleness import StalenessBudget
+from verl_async.sync import rollout_weight_sync
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollout")
@@ -43,11 +45,12 @@ class DatasetPromptSource:
         self._front: collections.deque[PromptTask] = collections.deque()
 
     @staticmethod
-    def task(epoch: int, item: Any) -> PromptTask:
+    def task(draw: Draw) -> PromptTask:
+        item = draw.item
         return PromptTask(
-            uid=f"{epoch}:{item.index}",
+            uid=draw.uid,  # the one definition of a prompt's exactly-once key (data/dataset.py)
             index=item.index,
-            epoch=epoch,
+            epoch=draw.epoch,
             prompt_ids=list(item.prompt_ids),
             data_source=item.data_source,
             ground_truth=item.ground_truth,
@@ -61,7 +64,7 @@ class DatasetPromptSource:
             draw = next(self.iterator)
         except StopIteration:
             return None
-        return self.task(draw.epoch, draw.item)
+        return self.task(draw)
 
     def push_front(self, items: Sequence[PromptTask]) -> None:
         self._front.extendleft(reversed(list(items)))
@@ -142,7 +145,7 @@ class RolloutService:
         run_start: float,
         engines: Optional[Sequence[InferenceEngine]] = None,
     ) -> None:
-        from verl_async.rollout.replica import start_replicas
+        from verl_async.rollout.replica import ReplicaSpec, start_replicas
 
         self.cfg = cfg
         self.queue = queue_handle
@@ -164,16 +167,15 @@ class RolloutService:
             cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs), required
         )
         if engines is None:
-            engines = start_replicas(
-                count, rollout_cfg, model_path, str(cfg.trainer.device),
+            spec = ReplicaSpec(
+                rollout_cfg, model_path, str(cfg.trainer.device),
                 trust_remote_code=bool(model_cfg.trust_remote_code),
                 override_config=dict(model_cfg.override_config or {}),
-                engine_overrides=[{"max_num_seqs": c} for c in capacities],
                 shared_devices=colocated_device_ids(cfg),
+                fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
             )
+            engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities])
         self.engines = list(engines)
-        self.sync_endpoint = EngineGroupEndpoint(self.engines)
-        self.ipc_endpoint = IpcEndpoint(self.engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.eos_ids = eos
         self.limit = max_required_samples(cfg)
@@ -193,12 +195,14 @@ class RolloutService:
             total_prompts=None if total in (None, -1) else int(total),
             timeline=self.timeline,
             lengths_log=os.path.join(run_dir, "rollout", "lengths.jsonl"),
-            scheduling=scheduling,
+            scheduling=policy_class(scheduling),
             scheduling_kwargs=scheduling_kwargs,
             engine_capacity=capacities,
             max_prompt_retries=int(cfg.rollout.max_prompt_retries),
             max_consecutive_engine_failures=int(cfg.rollout.max_consecutive_engine_failures),
             failed_log=os.path.join(run_dir, "rollout", "failed_prompts.jsonl"),
+            progress_timeout_s=progress_timeout_s(cfg.rollout.get("progress_timeout_s"), max(capacities),
+                                                  int(rollout_cfg.prompt_length), int(rollout_cfg.response_length)),
         )
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
@@ -214,6 +218,7 @@ class RolloutService:
             await self.queue.close.remote()
         out: dict[str, Any] = asdict(counters)
         out["replicas_out"] = {str(i): why for i, why in sorted(self.rollouter.health.out.items())}
+        out.update(self.reward.summary())  # reward_scored, reward_errors (the end-of-run summary)
         return out
 
     def stop(self) -> None:
@@ -244,34 +249,17 @@ class RolloutService:
     async def pause_for_sync(self) -> None:
         await self.rollouter.pause_for_sync()
 
-    async def load_buckets(self, refs: list, version: int) -> None:
-        """Weight buckets (ObjectRefs) to every replica; called once per bucket during a sync."""
-        await asyncio.gather(*(e.update_weights(list(refs), version) for e in self.engines))
-
     async def resume_after_sync(self, version: int) -> None:
         await self.rollouter.resume_after_sync(version)
 
-    # collective transports (nccl / hccl / gloo): sync_collective.EngineGroupEndpoint fans out to the replicas
-    async def weight_sync_ranks(self) -> list[int]:
-        return await self.sync_endpoint.weight_sync_ranks()
+    async def weight_sync(self, transport: str, step: str, *args: Any, **kwargs: Any) -> Any:
+        """The one call weight sync makes on the rollout side: `step` of `transport`, fanned out to the replicas."""
+        return await rollout_weight_sync(self, transport, step, *args, **kwargs)
 
-    async def join_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
-                               name: str) -> None:
-        await self.sync_endpoint.join_weight_sync(host, port, world_size, backend, timeout_s, name)
-
-    async def receive_weights(self, plan: list, version: int, double_buffer: bool = True,
-                              verify: bool = False) -> dict[str, dict]:
-        return await self.sync_endpoint.receive_weights(plan, version, double_buffer, verify)
-
-    async def leave_weight_sync(self) -> None:
-        await self.sync_endpoint.leave_weight_sync()
-
-    # cuda_ipc (sync_ipc.py): trainer rank 0 ships each bucket's IPC handles, one export per replica
-    async def ipc_receivers(self) -> int:
-        return await self.ipc_endpoint.ipc_receivers()
-
-    async def load_ipc_bucket(self, payload: dict, version: int) -> dict[str, dict]:
-        return await self.ipc_endpoint.load_ipc_bucket(payload, version)
+    @property
+    def sync_engines(self) -> list[InferenceEngine]:
+        """The replicas weight sync reaches: those in rotation (one taken out may be broken or dead)."""
+        return [self.engines[i] for i in self.rollouter.health.serving()]
 
     def release_budget(self, groups: int) -> None:
         self.rollouter.release_budget(groups)

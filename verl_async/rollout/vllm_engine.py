@@ -2,7 +2,8 @@
 
 One engine = one replica on `tensor_model_parallel_size` GPUs (the replica actor owns them;
 vLLM's EngineCore and its workers run in child processes). Importing this module does not
-import vLLM; constructing the engine does.
+import vLLM; starting the engine does (through `verl_async.optional`, which names the key and
+the install line when vLLM is missing).
 
 Log-probs. vLLM runs with `logprobs_mode="processed_logprobs"` and every request asks for
 `logprobs=0` (the sampled token only): the value is `log_softmax(logits / T)` in float32,
@@ -21,7 +22,8 @@ budget as `max_tokens`.
 
 Weights. `update_weights` (object-store transport) sends each bucket of host tensors to the
 workers through `collective_rpc`; the collective transports make every worker a sync-group
-member (`join_weight_sync` / `receive_weights`, see `vllm_worker.py`). Both load with the
+member (verl_async/sync/collective.py drives them through `call_workers`, the workers run
+`vllm_worker.py`). Both load with the
 model's own `load_weights` (HF names; TP sharding and q/k/v, gate/up stacking are vLLM's).
 After a load, the prefix cache is reset when `free_cache_engine` is true (the default): KV
 computed by the old weights is never reused (fully async engines keep their KV memory; this
@@ -39,6 +41,7 @@ import os
 import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from verl_async.optional import VLLM, require
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
 
 logger = logging.getLogger("verl_async.vllm")
@@ -196,14 +199,8 @@ class VLLMEngine(InferenceEngine):
         async with self._start_lock:
             if self.llm is None:
                 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA is live in this process
-                try:
-                    from vllm.engine.arg_utils import AsyncEngineArgs
-                    from vllm.v1.engine.async_llm import AsyncLLM
-                except ImportError as exc:
-                    raise ImportError(f"actor_rollout_ref.rollout.name=vllm needs vLLM (v1 AsyncLLM; tested with "
-                                      f"0.26.0; pip install 'verl_async[vllm]', or scripts/device/prepare_vllm.sh): "
-                                      f"{exc}") from exc
-                llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
+                engine_args = require(VLLM, "vllm.engine.arg_utils").AsyncEngineArgs(**self.engine_kwargs)
+                llm = require(VLLM, "vllm.v1.engine.async_llm").AsyncLLM.from_engine_args(engine_args)
                 self.max_model_len = int(llm.vllm_config.model_config.max_model_len)
                 self.llm = llm
         return self
@@ -224,11 +221,11 @@ class VLLMEngine(InferenceEngine):
         return self._version
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        await self.start()  # vLLM is importable from here on (or start() said what to install)
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        await self.start()
         sampling = request.sampling
         prefix = list(request.prefix_token_ids)
         done = self._finished_already(request)
@@ -310,7 +307,8 @@ class VLLMEngine(InferenceEngine):
         self._paused = False
 
     # ------------------------------------------------------------------ weights
-    async def _after_load(self, version: int) -> None:
+    async def after_load(self, version: int) -> None:
+        """After every load: new tokens carry `version`; the prefix cache (old weights' KV) is reset first."""
         if self.free_cache_engine:
             await reset_prefix_cache(self.llm, int(version))  # raises: the version stays the old one
         self._version = int(version)
@@ -320,38 +318,21 @@ class VLLMEngine(InferenceEngine):
         from verl_async.rollout.native.weights import _as_bucket
         from verl_async.rollout.vllm_worker import pack_tensor
 
-        await self.start()
         for index, item in enumerate(named_tensors):
             bucket = [(name, *pack_tensor(t)) for name, t in _as_bucket(item, index)]
-            await self.llm.collective_rpc("verl_async_load_bucket", timeout=self.sync_timeout_s, args=(bucket,))
-        await self._after_load(version)
+            await self.call_workers("verl_async_load_bucket", bucket)
+        await self.after_load(version)
 
-    async def weight_sync_ranks(self) -> int:
+    @property
+    def worker_ranks(self) -> int:
+        """Processes that hold the weights (one per tensor-parallel rank): each joins a collective sync group."""
         return self.tensor_parallel_size
 
-    async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                               timeout_s: float, name: str = "0") -> None:
+    async def call_workers(self, method: str, *args: Any, timeout: Optional[float] = None) -> list:
+        """`method` of rollout/vllm_worker.py on every worker (vLLM's collective_rpc); results in rank order."""
         await self.start()
-        await self.llm.collective_rpc("verl_async_join_weight_sync", timeout=timeout_s,
-                                      args=(host, port, rank, world_size, backend, timeout_s, name))
-
-    async def receive_weights(self, plan_wire: Sequence, version: int, *, double_buffer: bool = True,
-                              verify: bool = False) -> dict[str, Any]:
-        await self.start()
-        results = await self.llm.collective_rpc("verl_async_receive_weights", timeout=self.sync_timeout_s,
-                                                args=(plan_wire, double_buffer, verify))
-        await self._after_load(version)
-        first = results[0]
-        if verify:  # every TP worker received the same bytes
-            for other in results[1:]:
-                if other["checksums"] != first["checksums"]:
-                    bad = [k for k in first["checksums"] if other["checksums"].get(k) != first["checksums"][k]]
-                    raise RuntimeError(f"vLLM worker rank {other['rank']} received different bytes for {bad[:3]}")
-        return {"checksums": first["checksums"], "seconds": max(r["seconds"] for r in results)}
-
-    async def leave_weight_sync(self) -> None:
-        if self.llm is not None:
-            await self.llm.collective_rpc("verl_async_leave_weight_sync", timeout=60)
+        return await self.llm.collective_rpc(method, timeout=self.sync_timeout_s if timeout is None else timeout,
+                                             args=tuple(args))
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> EngineStats:

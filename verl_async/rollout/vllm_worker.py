@@ -15,8 +15,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
-from verl_async.bucket_plan import plan_from_wire
-from verl_async.sync_collective import WeightSyncGroup, receive_buckets
+from verl_async.sync.buckets import plan_from_wire
+from verl_async.sync.collective import WeightSyncGroup, receive_buckets
 
 
 def pack_tensor(t: torch.Tensor) -> tuple[str, list[int], bytes]:

@@ -8,23 +8,12 @@ response to any replica; ``pdsr``: probe, rank, offload, cap, breaker).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from verl_async.sim.speed import ConstantSpeed, SpeedModel
+from verl_async.staleness import max_required_samples
 
 KV_ADMISSION = ("reserve", "actual")
-
-
-def max_required_samples(required_samples: int, trigger_parameter_sync_step: int,
-                         staleness_threshold: float) -> int:
-    """DESIGN.md: the most groups the Rollouter may produce per parameter version.
-
-    ``required_samples * trigger * (1 + staleness_threshold)``, floored like verl's
-    ``int(...)`` (with a 1e-9 guard so 10 * 1.1 is 11, not 10.999...).
-    """
-    return int(math.floor(required_samples * trigger_parameter_sync_step
-                          * (1.0 + staleness_threshold) + 1e-9))
 
 
 @dataclass(frozen=True)

@@ -33,15 +33,8 @@ from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
 from verl_async.trainer import offload
 from verl_async.trainer.attention import resolve_attn_implementation
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
-from verl_async.trainer.common import (
-    DTYPES,
-    METRIC_KEYS,
-    LogProbRows,
-    RankBase,
-    UpdateStats,
-    no_reference_model,
-    nonfinite_grads,
-)
+from verl_async.trainer.common import DTYPES, RankBase, eval_mode, log_prob_model
+from verl_async.trainer.rank_results import METRIC_KEYS, LogProbRows, UpdateStats, nonfinite_grads
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.lr_schedule import build_lr_scheduler
 from verl_async.trainer.settings import TrainerSettings
@@ -114,7 +107,7 @@ class FSDPWorker(RankBase):
     def _build_model(self, *, train: bool):
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-        from verl_async.models import load_causal_lm
+        from verl_async.models.loading import load_causal_lm
 
         s = self.settings
         model = load_causal_lm(s.model_path, dtype=torch.float32, trust_remote_code=s.trust_remote_code,
@@ -194,21 +187,14 @@ class FSDPWorker(RankBase):
     def compute_log_prob(self, batch: TensorDict, micro_batches: list[list[int]], *, use_ref: bool = False,
                          calculate_entropy: bool = False) -> dict[str, Any]:
         """Log-probs (and entropy) of this rank's rows: {"rows", "log_probs" [n,T], "entropy" [n,T] | None}."""
-        model = self.ref_model if use_ref else self.model
-        if model is None:
-            raise no_reference_model()
+        model = log_prob_model(self.model, self.ref_model, use_ref)
         self._load_if_offloaded()
-        was_training = model.training
-        model.eval()
         out = LogProbRows()
-        try:
+        with eval_mode(model, after=self._offload_if_asked):
             for rows in micro_batches:
                 logp, ent, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy,
                                              use_ref=use_ref)
                 out.add(rows, logp, ent)
-        finally:
-            model.train(was_training)
-            self._offload_if_asked()
         return out.result(batch["responses"].shape[1], calculate_entropy)
 
     # ------------------------------------------------------------------ update
@@ -374,37 +360,9 @@ class FSDPWorker(RankBase):
         finally:
             self._offload_if_asked()
 
-    # ------------------------------------------------------------------ collective weight sync (sync_collective.py)
-    def _weight_sync(self):
-        from verl_async.sync_collective import TrainerEndpoint
-
-        if getattr(self, "_sync_endpoint", None) is None:
-            self._sync_endpoint = TrainerEndpoint(self.rank)
-        return self._sync_endpoint
-
-    def weight_sync_plan(self, bucket_bytes: int, dtype: Optional[str] = None) -> list:
-        """The bucket plan (names, dtypes, full shapes, offsets) from metadata alone: no gather."""
-        from verl_async.bucket_plan import plan_buckets, plan_to_wire
-
-        target = self._sync_dtype(dtype)
-        return plan_to_wire(plan_buckets(((n, target, tuple(p.shape)) for n, p in self.model.named_parameters()),
-                                         bucket_bytes))
-
-    def weight_sync_address(self, local_only: bool, timeout_s: float) -> tuple[str, int]:
-        return self._weight_sync().address(local_only, timeout_s)
-
-    def join_weight_sync(self, world_size: int, backend: str, timeout_s: float, name: str) -> None:
-        self._weight_sync().join(world_size, backend, timeout_s, name)
-
-    def send_weights(self, plan: list, double_buffer: bool = True, verify: bool = False,
-                     dtype: Optional[str] = None) -> dict:
-        """Every rank gathers; rank 0 broadcasts the buckets of `plan` to the sync group."""
-        target = self._sync_dtype(dtype)
-        return self._weight_sync().send(plan, self.iter_full_params(target, to_cpu=False),
-                                        double_buffer=double_buffer, verify=verify)
-
-    def leave_weight_sync(self) -> None:
-        self._weight_sync().close()
+    def full_param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(HF name, full shape) in `iter_full_params` order, from metadata alone (DTensors know their global shape)."""
+        return [(n, tuple(p.shape)) for n, p in self.model.named_parameters()]
 
     @property
     def hf_config(self) -> Any:

@@ -109,6 +109,7 @@ class TrainerSettings:
     nnodes: int
     n_gpus_per_node: int
     seed: int
+    cpu_threads_per_worker: int  # torch threads of each rank on CPU (several ranks share the cores)
     # model
     model_path: str
     trust_remote_code: bool
@@ -225,6 +226,7 @@ class TrainerSettings:
             nnodes=_positive("trainer.nnodes", g("trainer.nnodes", 1)),
             n_gpus_per_node=_positive("trainer.n_gpus_per_node", g("trainer.n_gpus_per_node", 1)),
             seed=int(g("trainer.seed", 1)),
+            cpu_threads_per_worker=_positive("trainer.cpu_threads_per_worker", g("trainer.cpu_threads_per_worker", 1)),
             model_path=str(g(f"{m}.path")),
             trust_remote_code=bool(g(f"{m}.trust_remote_code", False)),
             override_config=dict(g(f"{m}.override_config", {}) or {}),

@@ -37,7 +37,8 @@ from verl_async.algos.advantages import scores_to_token_rewards
 from verl_async.config.derived import recomputes_old_log_probs, required_samples, uses_reference_policy
 from verl_async.config.resume import run_facts
 from verl_async.protocol import RolloutSample, collate_groups
-from verl_async.rollout.staleness import exceeds_max_staleness
+from verl_async.staleness import exceeds_max_staleness
+from verl_async.sync import build_sync_from_config
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.tracking import Tracker
 
@@ -155,16 +156,7 @@ class Trainer:
         self._trained_log = os.path.join(run_dir, "trained_uids.jsonl")
         self.sync = None
         if worker_group is not None and rollouter is not None:
-            from verl_async.sync import build_sync
-
-            at = cfg.async_training
-            transport = str(at.sync_transport)
-            kwargs: dict[str, Any] = {"bucket_bytes": int(at.sync_bucket_size_mb) << 20}
-            if transport != "object_store":  # collective transports read verl's checkpoint_engine keys
-                engine = at.checkpoint_engine
-                kwargs.update(bucket_bytes=int(engine.device_buffer_size_M) << 20,
-                              double_buffer=bool(engine.overlap_broadcast_and_consume))
-            self.sync = build_sync(transport, worker_group, rollouter, **kwargs)
+            self.sync = build_sync_from_config(cfg, worker_group, rollouter)
 
     # ------------------------------------------------------------------ resume
     def find_checkpoint(self) -> Optional[str]:

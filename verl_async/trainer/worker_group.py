@@ -12,7 +12,7 @@ get the same part of the plan.
     old = group.compute_log_prob(batch)            # [B, T] (and entropy with calculate_entropy=True)
     ref = group.compute_ref_log_prob(batch)        # [B, T], reference model
     metrics = group.update(batch)                  # one training step (all mini-batches / epochs)
-    for bucket_ref in group.weight_bucket_refs(bucket_bytes): ...   # weight sync, see below
+    group.weight_sync_refs(transport, step, ...)  # weight sync, see below
     group.save(path, extra={...}); extra = group.load(path); group.export_hf(path)
     group.save_checkpoint(root, extra)             # root/global_step_N/actor + latest marker + rotation
 
@@ -39,13 +39,11 @@ micro-batches, the mini-batches of whole groups and their loss normalisers, the
 rollout-correction weights (batch-wide, so `batch_normalize` is exact). Workers get the
 batch once through the object store plus their part of the plan.
 
-Weight sync: `weight_bucket_refs(bucket_bytes)` is a generator of Ray ObjectRefs, each a
-list of (HF name, CPU tensor) of at most `bucket_bytes` (a bigger tensor travels alone),
-produced by rank 0 through a Ray streaming generator while every rank takes part in the
-DTensor gathers. The pipeline may hand the refs straight to the engines (the tensors
-never pass through the driver) or use `iter_weights()` for (name, tensor) pairs, the
-shape `InferenceEngine.update_weights` takes. Production pauses after a couple of
-unconsumed buckets (Ray generator back-pressure), so peak host memory stays bounded.
+Weight sync: each rank has one method, `weight_sync(transport, step, ...)`, that runs a step
+of its half of the transport; `weight_sync_refs` starts one on the ranks and returns the refs,
+so the driver in verl_async/sync/ waits on the trainer and the engines together. The full
+weights of the current policy, as (HF name, CPU tensor): `verl_async.sync.object_store.
+full_weights(group)`.
 
 Failures: every wait has a timeout (`trainer.worker_timeout_s`); a dead actor raises
 `WorkerGroupError` naming the rank and the call. After any worker failure the
@@ -55,7 +53,7 @@ a new one (e.g. from the last checkpoint).
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 from tensordict import TensorDict
@@ -189,7 +187,8 @@ class RayWorkerGroup:
             self._pg = None
 
     # ------------------------------------------------------------------ calls
-    def _wait(self, refs: list, what: str, timeout: Optional[float] = None) -> list:
+    def wait(self, refs: list, what: str, timeout: Optional[float] = None) -> list:
+        """Results of one ref per rank; a dead, failing or late rank raises naming it (and breaks the group)."""
         import ray
 
         if self._broken:
@@ -215,15 +214,15 @@ class RayWorkerGroup:
 
     def _call(self, method: str, *args, **kwargs) -> list:
         refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
-        return self._wait(refs, method)
+        return self.wait(refs, method)
 
     def _call_one(self, rank: int, method: str, *args, **kwargs):
-        return self._wait([getattr(self.workers[rank], method).remote(*args, **kwargs)], method)[0]
+        return self.wait([getattr(self.workers[rank], method).remote(*args, **kwargs)], method)[0]
 
     def _call_planned(self, method: str, batch_ref, plans: list, *args, **kwargs) -> list:
         refs = [getattr(w, method).remote(batch_ref, plans[self.dp_ranks[rank]], *args, **kwargs)
                 for rank, w in enumerate(self.workers)]
-        return self._wait(refs, method)
+        return self.wait(refs, method)
 
     def set_options(self, **overrides: Any) -> None:
         """Change runtime knobs (TrainerSettings.RUNTIME_KEYS) on the driver and every rank."""
@@ -324,7 +323,7 @@ class RayWorkerGroup:
         ref = ray.put(TensorDict(send, batch_size=batch.batch_size))
         extra = {"profile": profile} if profile else {}
         refs = [w.update.remote(ref, plans, loss_keys, **extra) for w in self.workers]
-        outs = self._wait(refs, "update")
+        outs = self.wait(refs, "update")
         metrics.update(outs[0])
         if profile:
             metrics["perf/profile"] = [o.get("perf/profile") for o in outs]
@@ -338,70 +337,22 @@ class RayWorkerGroup:
         self.global_step = int(outs[0]["actor/global_step"])
         return metrics
 
-    # ------------------------------------------------------------------ weights
-    def weight_bucket_refs(self, bucket_bytes: int, dtype: Optional[str] = None) -> Iterator[Any]:
-        """ObjectRefs of weight buckets (list of (HF name, CPU tensor)); see the module docstring."""
-        import ray
-
+    # ------------------------------------------------------------------ weight sync
+    def weight_sync_refs(self, transport: str, step: str, *args: Any, ranks: Optional[list[int]] = None,
+                         streaming: bool = False, **kwargs: Any) -> list:
+        """Start `step` of `transport`'s trainer half on `ranks` (default: all) and return the refs: the sync
+        driver (verl_async/sync/) waits for them together with the engines'. `streaming`: generator steps."""
         if self._broken:
             raise WorkerGroupError(f"{self.name}: unusable after an earlier failure ({self._broken})")
-        gens = [w.weight_buckets.options(num_returns="streaming", _generator_backpressure_num_objects=2)
-                .remote(int(bucket_bytes), dtype) for w in self.workers]
-        timeout = self.settings.worker_timeout_s
-        try:
-            while True:
-                ready, _ = ray.wait([gens[0]], timeout=timeout)
-                if not ready:
-                    self._broken = "weight sync timed out on rank 0"
-                    raise WorkerGroupError(f"{self.name}: rank 0 produced no weight bucket within {timeout:.0f}s")
-                try:
-                    yield next(gens[0])
-                except StopIteration:
-                    break
-        finally:
-            # A consumer that stopped early leaves rank 0 paused mid-model and the others blocked in its
-            # gathers: drain rank 0, then wait for the other ranks (they yield nothing).
-            if not self._broken:
-                for rank, gen in enumerate(gens):
-                    for ref in gen:
-                        self._wait([ref], f"weight_buckets (rank {rank})")
+        workers = self.workers if ranks is None else [self.workers[r] for r in ranks]
+        if streaming:
+            return [w.weight_sync_stream.options(num_returns="streaming", _generator_backpressure_num_objects=2)
+                    .remote(transport, step, *args, **kwargs) for w in workers]
+        return [w.weight_sync.remote(transport, step, *args, **kwargs) for w in workers]
 
-    # Collective sync (verl_async/sync_collective.py): rank 0 joins the sync group and broadcasts, every
-    # rank takes part in the gathers. The *_async calls return refs so the caller can wait on the
-    # trainer and the engines together (the transfer is one collective across both).
-    def weight_sync_plan(self, bucket_bytes: int, dtype: Optional[str] = None) -> list:
-        return self._call_one(0, "weight_sync_plan", int(bucket_bytes), dtype)
-
-    def weight_sync_address(self, local_only: bool, timeout_s: float) -> tuple[str, int]:
-        return self._call_one(0, "weight_sync_address", bool(local_only), float(timeout_s))
-
-    def join_weight_sync_async(self, world_size: int, backend: str, timeout_s: float, name: str) -> list:
-        return [self.workers[0].join_weight_sync.remote(int(world_size), backend, float(timeout_s), name)]
-
-    def send_weights_async(self, plan: list, double_buffer: bool = True, verify: bool = False,
-                           dtype: Optional[str] = None) -> list:
-        if self._broken:
-            raise WorkerGroupError(f"{self.name}: unusable after an earlier failure ({self._broken})")
-        return [w.send_weights.remote(plan, double_buffer, verify, dtype) for w in self.workers]
-
-    def leave_weight_sync_async(self) -> list:
-        return [self.workers[0].leave_weight_sync.remote()]
-
-    def send_weights_ipc(self, target: Any, receivers: int, version: int, bucket_bytes: int, *, timeout_s: float,
-                         verify: bool = False, dtype: Optional[str] = None) -> dict:
-        """cuda_ipc (verl_async/sync_ipc.py): rank 0 ships every bucket to `target` itself; returns rank 0's report."""
-        refs = [w.send_weights_ipc.remote(target, int(receivers), int(version), int(bucket_bytes), float(timeout_s),
-                                          bool(verify), dtype) for w in self.workers]
-        return self._wait(refs, "send_weights_ipc", timeout=max(float(timeout_s), self.settings.worker_timeout_s))[0]
-
-    def iter_weights(self, bucket_bytes: int = 256 << 20, dtype: Optional[str] = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full CPU tensor) pairs, one bucket in memory at a time."""
-        for ref in self.weight_bucket_refs(bucket_bytes, dtype):
-            yield from self._wait([ref], "weight bucket")[0]
-
-    def state_dict_for_sync(self, bucket_bytes: int = 256 << 20, dtype: Optional[str] = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Issue 5's name for `iter_weights` (what `InferenceEngine.update_weights` consumes)."""
-        return self.iter_weights(bucket_bytes, dtype)
+    def mark_broken(self, reason: str) -> None:
+        """A caller saw the ranks fall out of step (e.g. a sync timed out): refuse further calls."""
+        self._broken = reason
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str, extra: Optional[dict] = None) -> str:

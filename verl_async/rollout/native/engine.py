@@ -188,7 +188,7 @@ class NativeEngine(InferenceEngine):
 
     # ------------------------------------------------------------------ construction helpers
     def _load(self, path, dtype, trust_remote_code, override_config, attn_implementation):
-        from verl_async.models import load_causal_lm
+        from verl_async.models.loading import load_causal_lm
 
         return load_causal_lm(
             path,
@@ -320,6 +320,10 @@ class NativeEngine(InferenceEngine):
             version=self._version,
             paused=self._paused,
         )
+
+    def unwritten_parameters(self, version: int) -> list[str]:
+        """Parameters no load under `version` wrote (weight sync checks that a full sync wrote them all)."""
+        return self._loader.unwritten(version)
 
     def progress(self, request_id: str) -> int:
         """Response tokens (prefix included) a request in flight holds now; -1 if unknown."""
@@ -600,7 +604,7 @@ class NativeEngine(InferenceEngine):
 
     def _load_weights(self, stream: Iterable[Any], version: int) -> None:
         t0 = time.perf_counter()
-        n = self._loader.load(stream)
+        n = self._loader.load(stream, version)
         self._version = version
         logger.info("native engine: loaded %d tensors in %.2fs, now version %d", n, time.perf_counter() - t0, version)
 

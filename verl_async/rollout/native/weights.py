@@ -15,7 +15,7 @@ complete update succeeds (the caller should resend; the engine does not bump the
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ def _as_bucket(item: Any, index: int) -> list[tuple[str, Any]]:
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
         return [item]
     if isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
-        pairs = list(item)  # a list of pairs, or a PackedBucket (verl_async/weight_bucket.py): decoded once
+        pairs = list(item)  # a list of pairs, or a PackedBucket (verl_async/sync/buckets.py): decoded once
         if all(isinstance(x, tuple) and len(x) == 2 for x in pairs):
             return pairs
     raise WeightUpdateError(
@@ -42,9 +42,12 @@ def _as_bucket(item: Any, index: int) -> list[tuple[str, Any]]:
 class WeightLoader:
     def __init__(self, model: torch.nn.Module, *, check_finite: bool = True) -> None:
         self.targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+        self.parameter_names = [name for name, _ in model.named_parameters()]  # one name per tensor (tied: the first)
         for name, buf in model.named_buffers(remove_duplicate=False):
             self.targets.setdefault(name, buf)
         self.check_finite = check_finite
+        self._written_version: Optional[int] = None
+        self._written: set[int] = set()  # ids of the tensors written under `_written_version`
 
     def _check(self, name: Any, tensor: Any, loaded: int) -> torch.Tensor:
         """The model tensor `name` loads into; raises WeightUpdateError naming it and the reason."""
@@ -75,8 +78,14 @@ class WeightLoader:
             raise fail("contains NaN or Inf")
         return target
 
-    def load(self, stream: Iterable[Any]) -> int:
-        """Copy every tensor of `stream` into the model; return how many tensors were loaded."""
+    def load(self, stream: Iterable[Any], version: Optional[int] = None) -> int:
+        """Copy every tensor of `stream` into the model; return how many tensors were loaded.
+
+        Loads under one `version` add up (a sync may arrive in several calls, one per bucket):
+        `unwritten(version)` then names the parameters none of them wrote.
+        """
+        if version is None or version != self._written_version:
+            self._written_version, self._written = version, set()
         loaded = 0
         with torch.no_grad():
             for index, item in enumerate(stream):
@@ -88,4 +97,11 @@ class WeightLoader:
                         target.copy_(tensor)
                         written.add(id(target))
                     loaded += 1
+                self._written |= written
         return loaded
+
+    def unwritten(self, version: int) -> list[str]:
+        """Parameters that no load under `version` wrote: after a full weight sync, a name-mapping gap that would
+        leave them at their old (or initial) values without any error."""
+        done = self._written if version == self._written_version else set()
+        return [name for name in self.parameter_names if id(self.targets[name]) not in done]

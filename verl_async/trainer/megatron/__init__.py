@@ -5,20 +5,8 @@
     overrides     override_transformer_config / override_optimizer_config -> megatron-core configs
     device_shim   megatron-core on NPU (torch_npu, MindSpeed) and CPU (tests)
     model         GPT stages from HF checkpoints, HF tensors back out (collective)
-    worker        one rank (plain class);  worker_group  the Ray driver
+    worker        one rank (plain class);  worker_group  the Ray driver (MegatronWorkerGroup)
 
-Importing this package does not import megatron-core; `MegatronWorkerGroup` is loaded
-on first use so that configs and conversion work without it.
+No module here imports megatron-core at import time, so configs and conversion work
+without it; `MegatronWorkerGroup` asks for it when built (`verl_async.optional`).
 """
-
-from __future__ import annotations
-
-__all__ = ["MegatronWorkerGroup"]
-
-
-def __getattr__(name: str):
-    if name == "MegatronWorkerGroup":
-        from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
-
-        return MegatronWorkerGroup
-    raise AttributeError(name)

@@ -41,14 +41,8 @@ from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
 from verl_async.trainer import offload
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_right_padded_inputs, gather_rows
 from verl_async.trainer.checkpoint import COMPLETE_MARKER
-from verl_async.trainer.common import (
-    DTYPES,
-    METRIC_KEYS,
-    LogProbRows,
-    RankBase,
-    UpdateStats,
-    no_reference_model,
-)
+from verl_async.trainer.common import DTYPES, RankBase, eval_mode, log_prob_model
+from verl_async.trainer.rank_results import METRIC_KEYS, LogProbRows, UpdateStats
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.megatron import device_shim
 from verl_async.trainer.megatron.convert import check_parallel, model_spec
@@ -304,9 +298,7 @@ class MegatronWorker(RankBase):
     def compute_log_prob(self, batch: TensorDict, micro_batches: list[list[int]], *, use_ref: bool = False,
                          calculate_entropy: bool = False) -> dict[str, Any]:
         """Log-probs (and entropy) of this replica's rows; only the last stage's TP rank 0 returns rows."""
-        model = self.ref_model if use_ref else self.model
-        if model is None:
-            raise no_reference_model()
+        model = log_prob_model(self.model, self.ref_model, use_ref)
         out = LogProbRows()
 
         def collect(output, inp, rows):
@@ -318,14 +310,8 @@ class MegatronWorker(RankBase):
         items = [(self._inputs(batch, rows), rows) for rows in micro_batches]
         with self._mode():
             self._load_if_offloaded(model=not use_ref, ref=use_ref)
-            module = self._module(model)
-            was_training = module.training
-            module.eval()
-            try:
+            with eval_mode(self._module(model), after=self._offload_if_asked):
                 self._run_schedule(model, items, collect, forward_only=True)
-            finally:
-                module.train(was_training)
-                self._offload_if_asked()
         return out.result(batch["responses"].shape[1], calculate_entropy)
 
     # ------------------------------------------------------------------ update
@@ -409,7 +395,7 @@ class MegatronWorker(RankBase):
             self._load_if_offloaded(model=True)
             try:
                 yield from iter_hf_weights(self._module(self.model), self.spec, self.layout, rank=self.rank,
-                                           dtype=dtype or self._sync_dtype(), comm_device=self.device.torch_device)
+                                           dtype=dtype or self.sync_dtype(), comm_device=self.device.torch_device)
             finally:
                 self._offload_if_asked()
 

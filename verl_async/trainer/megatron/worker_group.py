@@ -16,6 +16,7 @@ import json
 import os
 from typing import Any, Optional
 
+from verl_async.optional import MEGATRON, require
 from verl_async.trainer.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.megatron.settings import MegatronSettings
 from verl_async.trainer.megatron.worker import MegatronWorker
@@ -31,11 +32,7 @@ class MegatronWorkerGroup(RayWorkerGroup):
         from verl_async.trainer.megatron import device_shim
 
         device_shim.prepare(self.settings.device)  # on Ascend: torch_npu, MindSpeed before megatron-core
-        try:
-            import megatron.core  # noqa: F401
-        except ImportError as exc:
-            raise ImportError("actor_rollout_ref.actor.strategy=megatron needs megatron-core: "
-                              "pip install 'verl_async[megatron]' (or MindSpeed's Megatron-LM on PYTHONPATH)") from exc
+        require(MEGATRON)  # one clear error here, in the driver, before any rank starts
         self.megatron = MegatronSettings.from_config(self.config, self.settings)
         self.dp_size = self.world_size // self.megatron.model_parallel_size
         self._check_overrides()

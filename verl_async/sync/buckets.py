@@ -1,15 +1,20 @@
-"""Bucket layouts of weight sync: which tensor sits at which byte offset, the wire form, checksums.
+"""Weight buckets: the one definition every transport uses.
 
-Pure code shared by the collective transports (sync_collective.py: a plan computed from
-parameter metadata, identical on all sides) and the CUDA-IPC transport (sync_ipc.py: one
-layout per packed bucket). A bucket is a flat uint8 buffer; `bucket_view` reads a tensor
-out of it without a copy.
+* `bucketize`: (name, tensor) pairs grouped into lists of at most `bucket_bytes` (object store, CUDA IPC).
+* A *plan* (`plan_buckets`): which tensor sits at which byte offset of a flat uint8 bucket,
+  computed from metadata alone and identical on all sides (collective transports; CUDA IPC
+  lays out one bucket with it); its wire form; `bucket_view` reads a tensor out of a bucket
+  buffer without a copy.
+* `PackedBucket`: a bucket as raw bytes, so the Ray object store moves it without pickling tensors.
+* Checksums: bit-level fingerprints that make a sync verifiable.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -104,6 +109,57 @@ def bucket_view(buffer: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
     return buffer[meta.offset: meta.offset + meta.nbytes].view(meta.torch_dtype).view(meta.shape)
 
 
+# ---------------------------------------------------------------------------------------- lists of pairs
+def bucketize(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Lists of (name, tensor) of at most `bucket_bytes` each (a larger tensor travels alone)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+class PackedBucket(SequenceABC):
+    """(HF name, tensor) pairs stored as (name, dtype, shape, uint8 numpy array); indexing decodes a view.
+
+    Ray stores numpy arrays out of band (zero-copy into shared memory, read back as views) but
+    pickles torch tensors (one copy to serialise, one to deserialise). On a 2-core machine a
+    256 MiB bf16 bucket took 0.47-0.53 s to put and 0.28-1.1 s to get as torch tensors,
+    0.04-0.13 s and 0.005 s as uint8 arrays.
+    """
+
+    def __init__(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.items = [
+            (name, str(t.dtype).removeprefix("torch."), tuple(t.shape),
+             t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+            for name, t in pairs
+        ]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[str, torch.Tensor]:  # type: ignore[override]
+        name, dtype, shape, data = self.items[index]
+        if data.size == 0:
+            return name, torch.empty(shape, dtype=getattr(torch, dtype))
+        with warnings.catch_warnings():  # object-store arrays are read-only; the tensor is only read (copied from)
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(data)
+        return name, raw.view(getattr(torch, dtype)).reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(data.nbytes) for *_, data in self.items)
+
+
 # ---------------------------------------------------------------------------------------- checksums
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -124,3 +180,18 @@ def compare_checksums(sent: dict[str, str], got: dict[str, str], who: str) -> li
     problems += [f"{who}: {name} differs ({got[name]} != {sent[name]})" for name in sent
                  if name in got and got[name] != sent[name]]
     return problems
+
+
+def loaded_checksums(engine: Any, plan: Sequence[Bucket]) -> dict[str, str]:
+    """Checksums of the engine's own parameters named in the plan (engines that expose `.model`, same dtype)."""
+    model = getattr(engine, "model", None)
+    if model is None:
+        return {}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    out = {}
+    for bucket in plan:
+        for meta in bucket.tensors:
+            p = params.get(meta.name)
+            if p is not None and dtype_name(p.dtype) == meta.dtype:
+                out[meta.name] = tensor_checksum(p.data)
+    return out

@@ -7,6 +7,10 @@ count restarts at the groups still outstanding (in flight + waiting in the queue
 that the backlog never exceeds the budget. With threshold 0 and trigger 1 this is
 strictly on-policy: exactly `required_samples` groups per version, none started before
 the next version's weights arrive.
+
+It lives beside protocol.py and queue.py because it is the contract the Rollouter (the
+budget), the config (derived.max_required_samples, the queue's default capacity), the
+Trainer (max_staleness) and the simulator share; none of them owns it.
 """
 
 from __future__ import annotations

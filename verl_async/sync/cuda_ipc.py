@@ -11,11 +11,11 @@ in it, loads them with the engine's own `update_weights` (device-to-device copie
 live parameters), synchronises, drops every reference to the mapped memory and returns;
 rank 0 frees the buffer only after every replica returned.
 
-The flow on rank 0 (`RankBase.send_weights_ipc`) is one call: every rank iterates
+The flow on rank 0 (`TrainerSide.send`) is one call: every rank iterates
 `iter_full_params(dtype, to_cpu=False)` (the gathers are collective), rank 0 fills, exports
-and ships bucket after bucket to the rollout side (`load_ipc_bucket`, fanned out to every
-replica) and waits for it. `CudaIpcSync` keeps ObjectStoreSync's pause -> transfer ->
-while_paused -> resume protocol and versioning; only `transfer` differs.
+and ships bucket after bucket to the rollout side (its `load` step, fanned out to every
+replica) and waits for it. `CudaIpcSync` only defines the transfer (verl_async/sync/driver.py
+pauses and resumes).
 
 Each replica gets its own export of a buffer: every `reduce_tensor` call takes one slot of
 torch's IPC ref counter, and the receiver's storage releases exactly one when it dies.
@@ -26,16 +26,18 @@ clear error when the trainer's GPU is not visible to it.
 
 from __future__ import annotations
 
-import time
+import asyncio
 from typing import Any, Iterable, Optional, Sequence
 
 import ray
 import torch
 
-from verl_async.sync import ObjectStoreSync, SyncError
-from verl_async.bucket_plan import (ALIGN_BYTES, Bucket, TensorMeta, bucket_view, metas_from_wire, metas_to_wire,
-                                     plan_buckets, tensor_checksum)
-from verl_async.sync_collective import loaded_checksums
+from verl_async.sync.buckets import (ALIGN_BYTES, Bucket, TensorMeta, bucket_view, bucketize, loaded_checksums,
+                                     metas_from_wire, metas_to_wire, plan_buckets, tensor_checksum)
+from verl_async.sync.driver import SyncDriver, SyncError
+from verl_async.sync.ports import EngineHalf, RolloutHalf, engine_call
+
+FAMILY = "cuda_ipc"
 
 _DEVICE_ARG = 6  # rebuild_cuda_tensor's `storage_device` (an int: the exporter's device index)
 
@@ -114,12 +116,11 @@ def open_exported(exported: dict[str, Any]) -> torch.Tensor:
 def send_buckets_ipc(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, target: Any, receivers: int,
                      version: int, *, timeout_s: float, verify: bool = False, is_sender: bool = True,
                      align: int = ALIGN_BYTES) -> dict[str, Any]:
-    """Rank 0: pack, export and ship each bucket to `target.load_ipc_bucket` and wait for it; others just iterate.
+    """Rank 0: pack, export and ship each bucket to the rollout side's `load` step and wait for it; others iterate.
 
+    `target` is the rollout actor (its `weight_sync("cuda_ipc", "load", payload, version=...)`).
     Returns {"buckets", "bytes", "checksums" (verify), "receivers" (what each replica reported, per bucket merged)}.
     """
-    from verl_async.trainer.common import bucketize
-
     out: dict[str, Any] = {"buckets": 0, "bytes": 0, "checksums": {}, "receivers": {}}
     for pairs in bucketize(named, bucket_bytes):
         if not is_sender:
@@ -132,7 +133,7 @@ def send_buckets_ipc(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: in
         payload = {"layout": metas_to_wire(metas), "nbytes": int(buffer.numel()),
                    "handles": [export(buffer) for _ in range(int(receivers))], "verify": bool(verify)}
         try:
-            results = ray.get(target.load_ipc_bucket.remote(payload, int(version)), timeout=timeout_s)
+            results = ray.get(target.weight_sync.remote(FAMILY, "load", payload, version=int(version)), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
             raise SyncError(f"cuda_ipc: bucket {out['buckets']} was not loaded within {timeout_s:.0f}s") from exc
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
@@ -151,7 +152,30 @@ def send_buckets_ipc(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: in
     return out
 
 
+# ---------------------------------------------------------------------------------------- trainer rank
+class TrainerSide:
+    def __init__(self, rank: Any) -> None:
+        self.rank = rank
+
+    def send(self, target: Any, receivers: int, version: int, bucket_bytes: int, timeout_s: float,
+             verify: bool = False, dtype: Optional[str] = None) -> dict:
+        """Every rank gathers; rank 0 packs each bucket on the device and ships its IPC handles to `target`,
+        freeing the buffer once every replica has loaded it."""
+        if self.rank.settings.device != "cuda":
+            raise SyncError(f"cuda_ipc needs trainer.device=cuda, got {self.rank.settings.device}")
+        named = self.rank.iter_full_params(self.rank.sync_dtype(dtype), to_cpu=False)
+        return send_buckets_ipc(named, bucket_bytes, target, receivers, version, timeout_s=timeout_s, verify=verify,
+                                is_sender=self.rank.rank == 0)
+
+
 # ---------------------------------------------------------------------------------------- replica (receiver)
+class EngineSide(EngineHalf):
+    """Maps one exported bucket, loads its tensors into the engine (device to device), releases the mapping."""
+
+    async def load(self, payload: dict[str, Any], *, version: int) -> dict[str, Any]:
+        return await load_ipc_bucket(self.engine, payload, version)
+
+
 async def load_ipc_bucket(engine: Any, payload: dict[str, Any], version: int) -> dict[str, Any]:
     """Map one exported bucket, load its tensors into `engine` (device to device), release the mapping."""
     metas = metas_from_wire(payload["layout"])
@@ -174,54 +198,42 @@ async def load_ipc_bucket(engine: Any, payload: dict[str, Any], version: int) ->
     return out
 
 
-class IpcEndpoint:
-    """Rollout side: hands replica i its own export of each bucket (RolloutService, SyncTarget use it)."""
+class RolloutSide(RolloutHalf):
+    """Hands replica i its own export of each bucket."""
 
-    def __init__(self, engines: Sequence[Any]) -> None:
-        self.ipc_engines = list(engines)
+    family, engine_half = FAMILY, EngineSide
 
-    async def ipc_receivers(self) -> int:
-        return len(self.ipc_engines)
+    async def receivers(self) -> int:
+        return len(self.engines())
 
-    async def load_ipc_bucket(self, payload: dict[str, Any], version: int) -> dict[str, dict]:
-        import asyncio
-
+    async def load(self, payload: dict[str, Any], *, version: int) -> dict[str, dict]:
+        engines = self.engines()
         handles = payload["handles"]
-        if len(handles) != len(self.ipc_engines):
-            raise SyncError(f"cuda_ipc: {len(handles)} export(s) of the bucket for {len(self.ipc_engines)} replica(s)")
-        results = await asyncio.gather(*(_engine_load(e, {**payload, "handles": [h]}, version)
-                                         for e, h in zip(self.ipc_engines, handles)))
+        if len(handles) != len(engines):
+            raise SyncError(f"cuda_ipc: {len(handles)} export(s) of the bucket for {len(engines)} replica(s)")
+        results = await asyncio.gather(*(engine_call(e, FAMILY, EngineSide, "load", {**payload, "handles": [h]},
+                                                     version=version)
+                                         for e, h in zip(engines, handles)))
         return {f"replica {i}": r or {} for i, r in enumerate(results)}
 
 
-async def _engine_load(engine: Any, payload: dict[str, Any], version: int) -> dict[str, Any]:
-    """Replica proxies forward to their actor; an in-process engine loads here (a process other than rank 0's)."""
-    method = getattr(engine, "load_ipc_bucket", None)
-    if method is not None:
-        return await method(payload, version)
-    return await load_ipc_bucket(engine, payload, version)
-
-
 # ---------------------------------------------------------------------------------------- driver
-class CudaIpcSync(ObjectStoreSync):
-    """ObjectStoreSync's push (pause -> transfer -> while_paused -> resume); the transfer is CUDA IPC."""
+class CudaIpcSync(SyncDriver):
+    """The transfer is CUDA IPC: rank 0 ships handles of its device buffers to the colocated replica."""
+
+    family = FAMILY
 
     def __init__(self, worker_group: Any, rollouter: Any, *, bucket_bytes: int, timeout_s: float = 600.0,
                  verify: bool = False, **_: Any) -> None:
-        super().__init__(worker_group, rollouter, bucket_bytes=bucket_bytes, timeout_s=timeout_s)
-        self.verify = bool(verify)
-        self.last: dict[str, Any] = {}
+        super().__init__(worker_group, rollouter, bucket_bytes=bucket_bytes, timeout_s=timeout_s, verify=verify)
         self._receivers: Optional[int] = None
 
-    def transfer(self, version: int) -> tuple[int, int]:
+    def transfer(self, version: int) -> dict[str, float]:
         if self._receivers is None:
-            self._receivers = int(self._get(self.rollouter.ipc_receivers.remote(), "counting the replicas"))
-        try:
-            result = self.worker_group.send_weights_ipc(self.rollouter, self._receivers, version, self.bucket_bytes,
-                                                        timeout_s=self.timeout_s, verify=self.verify)
-        except SyncError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a worker-group failure names the rank; keep the transport's type
-            raise SyncError(f"parameter sync (cuda_ipc): {exc}") from exc
-        self.last = result
-        return int(result["buckets"]), int(result["bytes"])
+            self._receivers = int(self.rollout("receivers", "counting the replicas"))
+        refs = self.worker_group.weight_sync_refs(FAMILY, "send", self.rollouter, self._receivers, int(version),
+                                                  self.bucket_bytes, self.timeout_s, self.verify)
+        results = self.wait({f"trainer rank {r}": ref for r, ref in enumerate(refs)},
+                            f"sending the weights (version {version})")
+        self.last = results["trainer rank 0"]
+        return {"sync/buckets": float(self.last["buckets"]), "sync/bytes": float(self.last["bytes"])}

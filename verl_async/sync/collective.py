@@ -9,7 +9,7 @@ backend directly on a `PrefixStore` of it (`ProcessGroupNCCL` / `ProcessGroupGlo
 torch_npu's `ProcessGroupHCCL`), like vLLM's `stateless_init_torch_distributed_process_group`.
 So it lives beside the trainer's FSDP group and vLLM's own groups without touching them.
 
-A sync moves a *plan* (verl_async/bucket_plan.py): buckets of (HF name, dtype, full shape,
+A sync moves a *plan* (verl_async/sync/buckets.py): buckets of (HF name, dtype, full shape,
 byte offset), computed from parameter metadata without any gather (FSDP2 DTensors know
 their global shape) and identical on all sides. Per bucket, rank 0 copies the gathered full tensors into a flat
 byte buffer and broadcasts it; receivers view their buffer as the tensors and hand them to
@@ -23,6 +23,12 @@ Bit-exactness is checkable: with `verify=True` both sides compute a checksum per
 
 Failures never hang: every group op has the group timeout, every wait of the driver has
 `timeout_s`, and a dead member surfaces as `SyncError` naming it.
+
+Halves: `TrainerSide` (every rank gathers, rank 0 hosts the store and sends), `RolloutSide`
+(fans each step out to every replica at once: joins and receives are collective),
+`engine_side(engine)` (an in-process engine is one member; an engine whose ranks are worker
+processes, vLLM, makes each worker a member through `call_workers`, see
+rollout/vllm_worker.py), and the driver `CollectiveSync`.
 """
 
 from __future__ import annotations
@@ -30,18 +36,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from verl_async.bucket_plan import (Bucket, bucket_view, compare_checksums, dtype_name, max_bucket_bytes,
-                                     plan_from_wire, tensor_checksum)
-from verl_async.sync import SyncError
-from verl_async.utils.waiting import WaitTimeout, finished_in_turn
+from verl_async.sync.buckets import (Bucket, bucket_view, compare_checksums, dtype_name, max_bucket_bytes,
+                                     loaded_checksums, plan_buckets, plan_from_wire, plan_to_wire,
+                                     tensor_checksum)
+from verl_async.sync.driver import SyncDriver, SyncError
+from verl_async.sync.ports import EngineHalf, RolloutHalf, engine_call, innermost
 
 logger = logging.getLogger("verl_async.sync")
+
+FAMILY = "collective"
 
 _GROUP_PREFIX = "verl_async/weight_sync"
 BACKENDS = ("nccl", "hccl", "gloo")
@@ -223,7 +231,8 @@ def receive_buckets(group: WeightSyncGroup, plan: Sequence[Bucket], *, double_bu
     _synchronize(group.device)
 
 
-class LocalEngineEndpoint:
+# ---------------------------------------------------------------------------------------- engines
+class LocalEngineSide(EngineHalf):
     """Sync-group member for an in-process engine whose `update_weights` takes (name, tensor) buckets.
 
     The receive generator is handed to `engine.update_weights`, so the blocking receives run
@@ -232,26 +241,26 @@ class LocalEngineEndpoint:
     """
 
     def __init__(self, engine: Any) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.group: Optional[WeightSyncGroup] = None
 
-    async def weight_sync_ranks(self) -> int:
+    async def ranks(self) -> int:
         return 1
 
-    async def join_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                               timeout_s: float, name: str = "0") -> None:
+    async def join(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
+                   name: str = "0") -> None:
         def join() -> WeightSyncGroup:
             group = WeightSyncGroup(backend, host, port, rank, world_size, timeout_s, name=name)
             group.handshake()
             return group
 
-        await self.leave_weight_sync()
+        await self.leave()
         self.group = await asyncio.to_thread(join)
 
-    async def receive_weights(self, plan_wire: Sequence, version: int, *, double_buffer: bool = True,
-                              verify: bool = False) -> dict[str, Any]:
+    async def receive(self, plan_wire: Sequence, *, version: int, double_buffer: bool = True,
+                      verify: bool = False) -> dict[str, Any]:
         if self.group is None:
-            raise SyncError("weight sync: receive_weights before join_weight_sync")
+            raise SyncError("weight sync: receive before join")
         plan = plan_from_wire(plan_wire)
         received: dict[str, str] = {}
         t0 = time.perf_counter()
@@ -262,52 +271,128 @@ class LocalEngineEndpoint:
             out["loaded_checksums"] = loaded_checksums(self.engine, plan)
         return out
 
-    async def leave_weight_sync(self) -> None:
+    async def leave(self) -> None:
         if self.group is not None:
             self.group.close()
             self.group = None
 
 
-def loaded_checksums(engine: Any, plan: Sequence[Bucket]) -> dict[str, str]:
-    """Checksums of the engine's own parameters named in the plan (engines that expose `.model`, same dtype)."""
-    model = getattr(engine, "model", None)
-    if model is None:
-        return {}
-    params = dict(model.named_parameters(remove_duplicate=False))
-    out = {}
-    for bucket in plan:
-        for meta in bucket.tensors:
-            p = params.get(meta.name)
-            if p is not None and dtype_name(p.dtype) == meta.dtype:
-                out[meta.name] = tensor_checksum(p.data)
+class WorkerRanksSide(EngineHalf):
+    """An engine whose ranks are worker processes (vLLM): each worker joins the group itself.
+
+    The engine offers `worker_ranks`, `call_workers(method, *args, timeout=...)` (one call on
+    every worker, results in rank order) and `after_load(version)`; the workers run the
+    `verl_async_*` methods of rollout/vllm_worker.py.
+    """
+
+    async def ranks(self) -> int:
+        return int(self.engine.worker_ranks)
+
+    async def join(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
+                   name: str = "0") -> None:
+        await self.engine.call_workers("verl_async_join_weight_sync", host, port, rank, world_size, backend,
+                                       timeout_s, name, timeout=timeout_s)
+
+    async def receive(self, plan_wire: Sequence, *, version: int, double_buffer: bool = True,
+                      verify: bool = False) -> dict[str, Any]:
+        results = await self.engine.call_workers("verl_async_receive_weights", plan_wire, double_buffer, verify)
+        await self.engine.after_load(version)
+        first = results[0]
+        if verify:  # every TP worker received the same bytes
+            for other in results[1:]:
+                if other["checksums"] != first["checksums"]:
+                    bad = [k for k in first["checksums"] if other["checksums"].get(k) != first["checksums"][k]]
+                    raise SyncError(f"vLLM worker rank {other['rank']} received different bytes for {bad[:3]}")
+        return {"checksums": first["checksums"], "seconds": max(r["seconds"] for r in results)}
+
+    async def leave(self) -> None:
+        if getattr(self.engine, "llm", None) is not None:
+            await self.engine.call_workers("verl_async_leave_weight_sync", timeout=60)
+
+
+def engine_side(engine: Any) -> Any:
+    """The member half for this engine: its worker processes when it has them, else the engine itself."""
+    inner = innermost(engine)
+    if hasattr(inner, "call_workers"):
+        return WorkerRanksSide(inner)
+    return LocalEngineSide(engine)
+
+
+def rank_offsets(ranks: Sequence[int], first: int = 1) -> list[int]:
+    """Group rank of each engine's first member, engines in order after trainer rank 0."""
+    out, at = [], first
+    for r in ranks:
+        out.append(at)
+        at += int(r)
     return out
 
 
-_endpoints: "weakref.WeakKeyDictionary[Any, LocalEngineEndpoint]" = weakref.WeakKeyDictionary()
+class RolloutSide(RolloutHalf):
+    """The rollout side of the sync group: fans each step out to every member replica at once.
 
+    Joins and receives are collective, so all members must be in flight together. The members
+    are the replicas in rotation when the group formed; `members_changed` tells the driver to
+    form a new group when one has left the rotation since (its engine would never receive).
+    """
 
-def engine_endpoint(engine: Any) -> Any:
-    """The engine itself when it joins sync groups on its own (replica proxies, vLLM), else a local adapter."""
-    if hasattr(engine, "join_weight_sync"):
-        return engine
-    if engine not in _endpoints:
-        _endpoints[engine] = LocalEngineEndpoint(engine)
-    return _endpoints[engine]
+    family, engine_half = FAMILY, staticmethod(engine_side)
+
+    def __init__(self, owner: Any) -> None:
+        super().__init__(owner)
+        self.members: list = []
+
+    async def ranks(self) -> list[int]:
+        return [int(r) for r in await self.each("ranks")]
+
+    async def join(self, host: str, port: int, world_size: int, backend: str, timeout_s: float, name: str) -> None:
+        self.members = self.engines()
+        offsets = rank_offsets([int(r) for r in await self.each("ranks", engines=self.members)])
+        await asyncio.gather(*(engine_call(e, FAMILY, engine_side, "join", host, port, rank, world_size, backend,
+                                           timeout_s, name)
+                               for e, rank in zip(self.members, offsets)))
+
+    async def members_changed(self) -> bool:
+        return [id(e) for e in self.engines()] != [id(e) for e in self.members]
+
+    async def receive(self, plan: list, *, version: int, double_buffer: bool = True,
+                      verify: bool = False) -> dict[str, dict]:
+        """Every member receives the broadcast (generation paused); results by replica."""
+        results = await self.each("receive", plan, version=version, double_buffer=double_buffer, verify=verify,
+                                  engines=self.members)
+        return {f"replica {i}": r for i, r in enumerate(results)}
+
+    async def leave(self) -> None:
+        members, self.members = self.members, []
+        await self.each("leave", engines=members)
 
 
 # ---------------------------------------------------------------------------------------- trainer rank
-class TrainerEndpoint:
-    """What a trainer rank holds: the store and group on rank 0, nothing on the others."""
+class TrainerSide:
+    """What a trainer rank holds: the store and group on rank 0, nothing on the others.
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
+    The rank provides `rank`, `sync_dtype(dtype)`, `full_param_shapes()` (HF name, full shape, in
+    `iter_full_params` order: the plan comes from metadata alone, no gather) and
+    `iter_full_params(dtype, to_cpu=False)` (collective: every rank iterates).
+    """
+
+    def __init__(self, rank: Any) -> None:
+        self.owner = rank
+        self.rank = int(rank.rank)
         self.store: Any = None
         self.group: Optional[WeightSyncGroup] = None
-        self.name = "0"
+
+    def plan(self, bucket_bytes: int, dtype: Optional[str] = None) -> list:
+        """The bucket plan (names, dtypes, full shapes, offsets) from metadata alone: no gather."""
+        shapes = getattr(self.owner, "full_param_shapes", None)
+        if shapes is None:
+            raise SyncError(f"collective weight sync is not supported by the {type(self.owner).__name__} trainer; "
+                            "use async_training.sync_transport=object_store")
+        target = self.owner.sync_dtype(dtype)
+        return plan_to_wire(plan_buckets(((n, target, shape) for n, shape in shapes()), bucket_bytes))
 
     def address(self, local_only: bool, timeout_s: float) -> tuple[str, int]:
         """Rank 0 starts a fresh TCPStore server; returns where the group meets."""
-        self.close()
+        self.leave()
         host = host_address(local_only)
         self.store, port = master_store(host, timeout_s)
         return host, port
@@ -320,10 +405,12 @@ class TrainerEndpoint:
         self.group = WeightSyncGroup(backend, "", 0, 0, world_size, timeout_s, store=self.store, name=name)
         self.group.handshake()
 
-    def send(self, plan_wire: Sequence, tensors: Iterator[tuple[str, torch.Tensor]], *, double_buffer: bool,
-             verify: bool) -> dict[str, Any]:
+    def send(self, plan_wire: Sequence, double_buffer: bool = True, verify: bool = False,
+             dtype: Optional[str] = None) -> dict[str, Any]:
+        """Every rank gathers; rank 0 broadcasts the buckets of `plan` to the sync group."""
         if self.rank == 0 and self.group is None:
             raise SyncError("weight sync: send before the group was joined")
+        tensors = self.owner.iter_full_params(self.owner.sync_dtype(dtype), to_cpu=False)
         t0 = time.perf_counter()
         try:
             out = send_buckets(self.group if self.rank == 0 else None, plan_from_wire(plan_wire), tensors,
@@ -335,7 +422,7 @@ class TrainerEndpoint:
         out["seconds"] = time.perf_counter() - t0
         return out
 
-    def close(self) -> None:
+    def leave(self) -> None:
         if self.group is not None:
             self.group.close()
             self.group = None
@@ -343,32 +430,27 @@ class TrainerEndpoint:
 
 
 # ---------------------------------------------------------------------------------------- driver
-class CollectiveSync:
-    """ParameterSynchronizer over a collective group (`nccl` on CUDA, `hccl` on NPU).
+class CollectiveSync(SyncDriver):
+    """The driver over a collective group (`nccl` on CUDA, `hccl` on NPU, `gloo` over host memory).
 
     The group is formed on the first push (timed apart as `timing_s/sync_group_init`) and
     reused. `bucket_bytes` is the bucket size (`async_training.checkpoint_engine.
-    device_buffer_size_M`, default `sync_bucket_size_mb`), `double_buffer` overlaps gather
-    and broadcast (`checkpoint_engine.overlap_broadcast_and_consume`), `verify` checks every
-    tensor's checksum on every engine rank (costs a pass over the weights on both sides).
+    device_buffer_size_M`), `double_buffer` overlaps gather and broadcast
+    (`checkpoint_engine.overlap_broadcast_and_consume`), `verify` checks every tensor's
+    checksum on every engine rank (costs a pass over the weights on both sides).
     """
 
+    family = FAMILY
     backend: Optional[str] = None  # None: from the trainer's device (nccl / hccl)
 
     def __init__(self, worker_group: Any, rollouter: Any, *, bucket_bytes: int, timeout_s: float = 600.0,
                  double_buffer: bool = True, verify: bool = False, backend: Optional[str] = None) -> None:
-        self.worker_group = worker_group
-        self.rollouter = rollouter
-        self.bucket_bytes = int(bucket_bytes)
-        self.timeout_s = float(timeout_s)
+        super().__init__(worker_group, rollouter, bucket_bytes=bucket_bytes, timeout_s=timeout_s, verify=verify)
         self.double_buffer = bool(double_buffer)
-        self.verify = bool(verify)
         self.backend = backend or self.backend or self._backend_for(worker_group)
         self._plan: Optional[list] = None
         self._world = 0
         self._generation = 0
-        self._broken: Optional[str] = None
-        self.last: dict[str, Any] = {}
 
     @staticmethod
     def _backend_for(worker_group: Any) -> str:
@@ -380,62 +462,54 @@ class CollectiveSync:
                             "use gloo (collective over host memory) or object_store on CPU")
         return device_layer.dist_backend(kind)
 
-    # -------------------------------------------------------------- waiting
-    def _wait(self, refs: dict[str, Any], what: str) -> dict[str, Any]:
-        """Wait for named refs; the first failure or the deadline raises SyncError naming who and what."""
-        import ray
+    def _ranks(self, step: str, *args: Any, ranks: Optional[list[int]] = None) -> dict[str, Any]:
+        refs = self.worker_group.weight_sync_refs(FAMILY, step, *args, ranks=ranks)
+        return {f"trainer rank {r}": ref for r, ref in zip(ranks or range(len(refs)), refs)}
 
-        out: dict[str, Any] = {}
-        try:
-            for name, ref, left in finished_in_turn(refs, self.timeout_s):
-                try:
-                    out[name] = ray.get(ref, timeout=left)
-                except Exception as exc:  # noqa: BLE001 - re-raised as SyncError naming the member
-                    self._broken = f"{name} failed in {what}"
-                    raise SyncError(f"parameter sync: {name} failed in {what}: {type(exc).__name__}: {exc}") from exc
-        except WaitTimeout as late:
-            self._broken = f"{what} timed out on {late.pending}"
-            raise SyncError(f"parameter sync: {what} did not finish on {late.pending} within {self.timeout_s:.0f}s "
-                            f"(a sync-group member is dead or stuck)") from None
-        return out
+    def _rollout_ref(self, step: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"rollouter": self.rollouter.weight_sync.remote(FAMILY, step, *args, **kwargs)}
 
     # -------------------------------------------------------------- group
     def _ensure_group(self) -> float:
         if self._broken:
             raise SyncError(f"parameter sync: the sync group is unusable after an earlier failure ({self._broken})")
+        if self._plan is not None and self.rollout("members_changed", "checking the group's members"):
+            logger.warning("weight sync: a replica left the rotation since the %s group formed; forming a new one",
+                           self.backend)
+            self.close()
         if self._plan is not None:
             return 0.0
         t0 = time.perf_counter()
-        wg = self.worker_group
-        self._plan = wg.weight_sync_plan(self.bucket_bytes)
-        ranks = self._wait({"rollouter": self.rollouter.weight_sync_ranks.remote()}, "counting engine ranks")["rollouter"]
+        self._plan = self.wait(self._ranks("plan", self.bucket_bytes, ranks=[0]), "planning the buckets")[
+            "trainer rank 0"]
+        ranks = self.rollout("ranks", "counting engine ranks")
         self._world = 1 + int(sum(ranks))
-        local_only = bool(getattr(wg.settings, "nnodes", 1) == 1) and _single_node()
-        host, port = wg.weight_sync_address(local_only, self.timeout_s)
+        local_only = bool(getattr(self.worker_group.settings, "nnodes", 1) == 1) and _single_node()
+        host, port = self.wait(self._ranks("address", local_only, self.timeout_s, ranks=[0]),
+                               "starting the rendezvous store")["trainer rank 0"]
         self._generation += 1
         name = f"{self._generation}-{port}"
-        refs = {f"trainer rank {r}": ref for r, ref in
-                enumerate(wg.join_weight_sync_async(self._world, self.backend, self.timeout_s, name))}
-        refs["rollouter"] = self.rollouter.join_weight_sync.remote(host, port, self._world, self.backend,
-                                                                   self.timeout_s, name)
-        self._wait(refs, f"forming the {self.backend} sync group of {self._world} ranks")
+        refs = self._ranks("join", self._world, self.backend, self.timeout_s, name, ranks=[0])
+        refs.update(self._rollout_ref("join", host, port, self._world, self.backend, self.timeout_s, name))
+        self.wait(refs, f"forming the {self.backend} sync group of {self._world} ranks")
         return time.perf_counter() - t0
 
     def replan(self, bucket_bytes: int) -> None:
         """New bucket size for the next pushes, keeping the formed group (re-forming one costs a rendezvous)."""
         self.bucket_bytes = int(bucket_bytes)
         if self._plan is not None:
-            self._plan = self.worker_group.weight_sync_plan(self.bucket_bytes)
+            self._plan = self.wait(self._ranks("plan", self.bucket_bytes, ranks=[0]), "planning the buckets")[
+                "trainer rank 0"]
 
     # -------------------------------------------------------------- one sync
-    def transfer(self, version: int) -> dict[str, Any]:
-        """Move all buckets to every engine rank (generation must be paused); returns sender/receiver results."""
+    def transfer(self, version: int) -> dict[str, float]:
+        """Move all buckets to every engine rank (generation must be paused); returns the sync metrics."""
         init_s = self._ensure_group()
         t0 = time.perf_counter()
-        refs = {f"trainer rank {r}": ref for r, ref in
-                enumerate(self.worker_group.send_weights_async(self._plan, self.double_buffer, self.verify))}
-        refs["rollouter"] = self.rollouter.receive_weights.remote(self._plan, version, self.double_buffer, self.verify)
-        out = self._wait(refs, f"broadcasting the weights (version {version})")
+        refs = self._ranks("send", self._plan, self.double_buffer, self.verify)
+        refs.update(self._rollout_ref("receive", self._plan, version=version, double_buffer=self.double_buffer,
+                                      verify=self.verify))
+        out = self.wait(refs, f"broadcasting the weights (version {version})")
         seconds = time.perf_counter() - t0
         sender = out["trainer rank 0"]
         receivers = out["rollouter"]
@@ -449,34 +523,18 @@ class CollectiveSync:
             if problems:
                 raise SyncError(f"parameter sync: {len(problems)} tensor(s) not bit-exact: {problems[:5]}")
         self.last = {"init_s": init_s, "seconds": seconds, "sender": sender, "receivers": receivers}
-        return self.last
-
-    def push(self, version: int, while_paused: Optional[Callable[[], dict]] = None) -> dict[str, float]:
-        """Pause -> broadcast -> (while_paused) -> resume; the ParameterSynchronizer interface."""
-        t0 = time.perf_counter()
-        self._wait({"rollouter": self.rollouter.pause_for_sync.remote()}, "pausing the rollouter")
-        t1 = time.perf_counter()
-        result = self.transfer(version)
-        t2 = time.perf_counter()
-        extra = while_paused() if while_paused is not None else {}
-        t3 = time.perf_counter()
-        self._wait({"rollouter": self.rollouter.resume_after_sync.remote(version)}, "resuming the rollouter")
-        t4 = time.perf_counter()
-        nbytes = float(result["sender"]["bytes"])
-        out = {
-            "timing_s/sync_pause": t1 - t0,
-            "timing_s/param_sync": result["seconds"],
-            "timing_s/sync_group_init": result["init_s"],
-            "timing_s/sync_total": (t2 - t0) + (t4 - t3),
-            "sync/buckets": float(result["sender"]["buckets"]),
+        nbytes = float(sender["bytes"])
+        metrics = {
+            "timing_s/param_sync": seconds,
+            "timing_s/sync_group_init": init_s,
+            "sync/buckets": float(sender["buckets"]),
             "sync/bytes": nbytes,
-            "sync/gbps": nbytes / max(result["seconds"], 1e-9) / 1e9,
+            "sync/gbps": nbytes / max(seconds, 1e-9) / 1e9,
             "sync/engine_ranks": float(self._world - 1),
         }
         if self.verify:
-            out["sync/verified_tensors"] = float(len(result["sender"]["checksums"]))
-        out.update(extra or {})
-        return out
+            metrics["sync/verified_tensors"] = float(len(sender["checksums"]))
+        return metrics
 
     def close(self) -> None:
         """Leave the group on every member at once (best effort).
@@ -488,9 +546,9 @@ class CollectiveSync:
         if self._plan is None:
             return
         try:
-            refs = {f"trainer rank {r}": ref for r, ref in enumerate(self.worker_group.leave_weight_sync_async())}
-            refs["rollouter"] = self.rollouter.leave_weight_sync.remote()
-            self._wait(refs, "leaving the sync group")
+            refs = self._ranks("leave", ranks=[0])
+            refs.update(self._rollout_ref("leave"))
+            self.wait(refs, "leaving the sync group")
         except Exception as exc:  # noqa: BLE001 - closing after a failure must not mask it
             logger.warning("weight sync group close: %s", exc)
         self._plan = None
@@ -509,44 +567,3 @@ def _single_node() -> bool:
         return len([n for n in ray.nodes() if n.get("Alive")]) <= 1
     except Exception:  # noqa: BLE001 - not in a Ray session: one process tree, one node
         return True
-
-
-def rank_offsets(ranks: Sequence[int], first: int = 1) -> list[int]:
-    """Group rank of each engine's first member, engines in order after trainer rank 0."""
-    out, at = [], first
-    for r in ranks:
-        out.append(at)
-        at += int(r)
-    return out
-
-
-class EngineGroupEndpoint:
-    """The rollout side of the sync group: fans each call out to every engine (replica) at once.
-
-    The RolloutService (and test stand-ins) expose these methods to `CollectiveSync`; joins and
-    receives are collective, so all engines must be in flight together.
-    """
-
-    def __init__(self, engines: Sequence[Any]) -> None:
-        self.sync_engines = list(engines)
-
-    async def weight_sync_ranks(self) -> list[int]:
-        return [int(await engine_endpoint(e).weight_sync_ranks()) for e in self.sync_engines]
-
-    async def join_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
-                               name: str) -> None:
-        offsets = rank_offsets(await self.weight_sync_ranks())
-        await asyncio.gather(*(engine_endpoint(e).join_weight_sync(host, port, rank, world_size, backend, timeout_s,
-                                                                   name)
-                               for e, rank in zip(self.sync_engines, offsets)))
-
-    async def receive_weights(self, plan: list, version: int, double_buffer: bool = True,
-                              verify: bool = False) -> dict[str, dict]:
-        """Every engine receives the broadcast (generation paused); results by replica."""
-        results = await asyncio.gather(*(engine_endpoint(e).receive_weights(plan, version, double_buffer=double_buffer,
-                                                                            verify=verify)
-                                         for e in self.sync_engines))
-        return {f"replica {i}": r for i, r in enumerate(results)}
-
-    async def leave_weight_sync(self) -> None:
-        await asyncio.gather(*(engine_endpoint(e).leave_weight_sync() for e in self.sync_engines))

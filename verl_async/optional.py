@@ -1,0 +1,47 @@
+"""The optional heavy dependencies (vLLM, megatron-core): imported where first needed, one error when missing.
+
+Everything else in verl_async is a plain import. These two are extras (`pip install
+'verl_async[vllm]'`, `'verl_async[megatron]'`), large, and needed only by one config
+choice each, so a run with the native engine and FSDP2 never imports them. Code that
+needs one calls `require(VLLM, "vllm.some.module")`: when the package is missing the
+run stops with one message naming the config key that asked for it and the install line.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class OptionalDependency:
+    package: str  # top-level import name
+    needed_by: str  # the config choice that needs it, as the user writes it
+    install: str  # how to get it
+
+
+VLLM = OptionalDependency(
+    "vllm", "actor_rollout_ref.rollout.name=vllm",
+    "pip install 'verl_async[vllm]' (tested with vLLM 0.26.0), or scripts/device/prepare_vllm.sh",
+)
+MEGATRON = OptionalDependency(
+    "megatron.core", "actor_rollout_ref.actor.strategy=megatron",
+    "pip install 'verl_async[megatron]' (or MindSpeed's Megatron-LM on PYTHONPATH)",
+)
+
+
+class MissingDependencyError(ImportError):
+    """An optional dependency that the config asks for is not installed (or does not import)."""
+
+
+def require(dependency: OptionalDependency, module: Optional[str] = None) -> ModuleType:
+    """Import `module` (default: the dependency's top-level package) or raise MissingDependencyError."""
+    name = module or dependency.package
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{dependency.needed_by} needs {dependency.package}: {dependency.install} (import {name}: {exc})"
+        ) from exc
