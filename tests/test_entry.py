@@ -119,7 +119,7 @@ def test_reference_script_without_vllm_stops_in_one_line(tmp_path, gsm8k_files, 
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout[-3000:]
     line = proc.stdout.strip().splitlines()[-1]  # the script sends stderr to stdout
-    assert line.startswith("config error: actor_rollout_ref.rollout.name: vllm is not installed"), line
+    assert line.startswith("config error: actor_rollout_ref.rollout.name: vllm needs vllm, which is not installed"), line
     assert "rollout.name=native" in line and "dry run" not in proc.stdout and "Traceback" not in proc.stdout
 
 

@@ -103,7 +103,19 @@ def test_missing_engine_package_is_named(tmp_path, tiny_model_dir):
         pytest.skip("vllm is installed")
     train = parquet(tmp_path / "train.parquet", [row()] * 8)
     err = preflight_error(cfg_for(tmp_path, tiny_model_dir, train, f"{A}.rollout.name=vllm"))
-    assert err.key == f"{A}.rollout.name" and err.reason.startswith("vllm is not installed in this Python"), err
+    assert err.key == f"{A}.rollout.name" and err.reason.startswith("vllm needs vllm, which is not installed"), err
+    assert err.reason.endswith(f"or use {A}.rollout.name=native (the built-in engine)"), err
+
+
+def test_missing_megatron_core_is_named(tmp_path, tiny_model_dir, monkeypatch):
+    import verl_async.optional as optional
+
+    monkeypatch.setattr(optional, "is_installed", lambda dependency: dependency is not optional.MEGATRON)
+    train = parquet(tmp_path / "train.parquet", [row()] * 8)
+    cfg = validate(compose("fully_async_ppo_megatron_trainer", [f"{A}.model.path={tiny_model_dir}",
+                                                                f"data.train_files={train}", "data.val_files=null"]))
+    err = preflight_error(cfg)
+    assert err.key == f"{A}.actor.strategy" and err.reason.startswith("megatron needs megatron.core, which is not"), err
 
 
 def test_custom_reward_function_name_and_import_are_checked(tmp_path, tiny_model_dir):

@@ -11,22 +11,17 @@ Problems raise ConfigError naming the key (or the file and row) to fix.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from typing import Any, Dict, Optional
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
 from verl_async.config.model_source import prompt_tokenizer
 from verl_async.config.resume import plan_resume
 from verl_async.versions import check_transformers
-
-# rollout.name -> the package its engine imports
-ENGINE_PACKAGES = {"vllm": "vllm"}
-
 
 def preflight(cfg: DictConfig) -> Dict[str, Any]:
     """Check transformers, device, engine, model, reward function, data and resume; return facts for the summary.
@@ -37,7 +32,7 @@ def preflight(cfg: DictConfig) -> Dict[str, Any]:
     check_transformers()
     check_device(cfg)
     check_model_folder(cfg)
-    check_engine_package(cfg)
+    check_optional_packages(cfg)
     check_reward_function(cfg)
     tokenizer = prompt_tokenizer(cfg)
     datasets = {split: load_prompts(cfg, tokenizer, split) for split in ("train", "val")}
@@ -76,17 +71,18 @@ def check_model_folder(cfg: DictConfig) -> None:
         raise ConfigError("actor_rollout_ref.model.path", f"{cfg.actor_rollout_ref.model.path} has no config.json (not an HF model folder)")
 
 
-def check_engine_package(cfg: DictConfig) -> None:
-    """The engine's package must be importable here (a cluster's workers run the same environment)."""
-    name = str(cfg.actor_rollout_ref.rollout.name)
-    package = ENGINE_PACKAGES.get(name)
-    if package is None or cfg.debug.get("train_only") or importlib.util.find_spec(package) is not None:
-        return
-    raise ConfigError(
-        "actor_rollout_ref.rollout.name",
-        f"{name} is not installed in this Python ({sys.executable}): pip install 'verl_async[{name}]', "
-        "or use actor_rollout_ref.rollout.name=native (the built-in engine)",
-    )
+def check_optional_packages(cfg: DictConfig) -> None:
+    """vLLM / megatron-core, when the config asks for them, must be installed here (a cluster's workers run the
+    same environment); without this the run failed 50-100 s later inside a Ray traceback."""
+    from verl_async.optional import MEGATRON, VLLM, is_installed
+
+    wanted = [("actor_rollout_ref.rollout.name", VLLM, "native (the built-in engine)",
+               cfg.actor_rollout_ref.rollout.name == "vllm" and not cfg.debug.get("train_only")),
+              ("actor_rollout_ref.actor.strategy", MEGATRON, "fsdp2", cfg.actor_rollout_ref.actor.strategy == "megatron")]
+    for key, dependency, instead, needed in wanted:
+        if needed and not is_installed(dependency):
+            raise ConfigError(key, f"{OmegaConf.select(cfg, key)} needs {dependency.package}, which is not installed in "
+                                   f"this Python ({sys.executable}): {dependency.install}; or use {key}={instead}")
 
 
 def check_reward_function(cfg: DictConfig) -> None:
