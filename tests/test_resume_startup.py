@@ -59,6 +59,8 @@ def test_plan_says_fresh_or_resuming_with_the_step(tmp_path, tiny_model_dir, tra
     assert plan_resume(capped, 64).describe() == f"resuming from {path} (step 4 of 5)"  # ceil(36 / 8)
     off = config(tmp_path, tiny_model_dir, train_file, "trainer.resume_mode=disable")
     assert plan_resume(off, 64).describe() == "starting fresh (trainer.resume_mode=disable)"
+    rollout_only = config(tmp_path, tiny_model_dir, train_file, "debug.rollout_only=true")
+    assert plan_resume(rollout_only, 64).describe() == "starting fresh (debug.rollout_only=true loads no checkpoint)"
 
 
 @pytest.mark.parametrize(

@@ -190,21 +190,42 @@ def test_unreachable_hub_is_found_in_one_short_request(empty_hf_cache, monkeypat
     assert "is not reachable" in info.value.reason and "Connection refused" in info.value.reason, info.value
 
 
-def test_hub_id_in_the_local_cache_needs_no_hub(empty_hf_cache, monkeypatch, tiny_model_dir):
+def cache_repo(cache: str, repo_id: str, folder: str) -> None:
+    """`folder` as the HF cache holds a downloaded `repo_id` (snapshots/<commit>, refs/main)."""
     import os
     import shutil
 
-    from verl_async.config.model_source import check_model_source, hub_problem
-
-    monkeypatch.setattr(empty_hf_cache, "HF_HUB_OFFLINE", True)
-    repo = os.path.join(empty_hf_cache.HF_HUB_CACHE, "models--local--tiny")
-    shutil.copytree(tiny_model_dir, os.path.join(repo, "snapshots", "0" * 40))
+    repo = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+    shutil.copytree(folder, os.path.join(repo, "snapshots", "0" * 40))
     os.makedirs(os.path.join(repo, "refs"))
     with open(os.path.join(repo, "refs", "main"), "w") as f:
         f.write("0" * 40)
+
+
+def test_hub_id_in_the_local_cache_needs_no_hub(empty_hf_cache, monkeypatch, tiny_model_dir):
+    from verl_async.config.model_source import check_model_source, hub_problem
+
+    monkeypatch.setattr(empty_hf_cache, "HF_HUB_OFFLINE", True)
+    cache_repo(empty_hf_cache.HF_HUB_CACHE, "local/tiny", tiny_model_dir)
     assert hub_problem("local/tiny") is None
     check_model_source("local/tiny")
     assert hub_problem("local/other") is not None
+
+
+def test_cached_hub_id_without_a_hub_goes_offline(empty_hf_cache, monkeypatch, tiny_model_dir, capsys):
+    """Cached, but HF_HUB_OFFLINE unset and no hub: each from_pretrained retried the hub for minutes (148 s for a
+    tokenizer and a config, measured) in the driver and again in every worker, before using the cache."""
+    import os
+
+    from verl_async.config.model_source import hub_problem
+
+    monkeypatch.setattr(empty_hf_cache, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(empty_hf_cache, "ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    cache_repo(empty_hf_cache.HF_HUB_CACHE, "local/tiny", tiny_model_dir)
+    assert hub_problem("local/tiny") is None
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and empty_hf_cache.HF_HUB_OFFLINE is True  # Ray workers inherit it
+    assert "is not reachable" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- the entry point: one line, no Ray

@@ -3,7 +3,8 @@
 An HF id that is neither a local folder nor in the HF cache needs a reachable hub; without
 one, transformers retries each file for about 50 s, inside every worker, before it fails.
 `hub_problem` asks the hub once, with a short timeout, and the error says how to provide a
-local copy. `prompt_tokenizer` is the tokenizer the Rollouter tokenises prompts with
+local copy. A cached id with no hub works, but only in offline mode (else each process
+retries for minutes first): the run then goes offline by itself and says so. `prompt_tokenizer` is the tokenizer the Rollouter tokenises prompts with
 (rollout/service.py), so the preflight finds the prompts it would reject.
 """
 
@@ -39,8 +40,8 @@ def hub_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def hub_answer(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> Optional[str]:
-    """None when the hub serves `repo_id`'s config.json; else why not (one request, no retries)."""
+def hub_answer(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> tuple[bool, Optional[str]]:
+    """(whether the hub answered at all, why it does not serve `repo_id`'s config.json or None): one request."""
     from huggingface_hub import constants, get_token
 
     url = f"{constants.ENDPOINT.rstrip('/')}/{repo_id}/resolve/main/config.json"
@@ -50,23 +51,36 @@ def hub_answer(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> Optional[str]:
         urllib.request.urlopen(request, timeout=timeout).close()
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
-            return f"the hub ({constants.ENDPOINT}) has no public model {repo_id!r} (HTTP {exc.code}: gated, private or " \
-                   f"misspelt; log in with `hf auth login` or set HF_TOKEN if it is gated)"
-        return f"the hub ({constants.ENDPOINT}) answered HTTP {exc.code} for {repo_id!r}"
+            return True, (f"the hub ({constants.ENDPOINT}) has no public model {repo_id!r} (HTTP {exc.code}: gated, "
+                          "private or misspelt; log in with `hf auth login` or set HF_TOKEN if it is gated)")
+        return True, f"the hub ({constants.ENDPOINT}) answered HTTP {exc.code} for {repo_id!r}"
     except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return f"the hub ({constants.ENDPOINT}) is not reachable ({reason})"
-    return None
+        return False, f"the hub ({constants.ENDPOINT}) is not reachable ({getattr(exc, 'reason', exc)})"
+    return True, None
+
+
+def go_offline(why: str) -> None:
+    """HF_HUB_OFFLINE=1 for this process and the Ray workers (pipeline.ray_init passes it on): with a cached
+    model and no hub, every from_pretrained would otherwise retry the hub for minutes before using the cache."""
+    from huggingface_hub import constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+    print(f"note: {why}; using the HF cache (HF_HUB_OFFLINE=1 for this run)", flush=True)
 
 
 def hub_problem(repo_id: str) -> Optional[str]:
     """Why the HF id `repo_id` cannot be loaded here, or None (in the local HF cache, or on a reachable hub)."""
-    if in_hf_cache(repo_id):
-        return None
     from huggingface_hub import constants
 
+    if in_hf_cache(repo_id):
+        if not hub_offline():
+            reachable, why = hub_answer(repo_id)
+            if not reachable:
+                go_offline(f"{why}, and {repo_id} is in the HF cache")
+        return None
     where = f"not a local folder and not in the HF cache ({constants.HF_HUB_CACHE})"
-    why = "HF_HUB_OFFLINE=1 is set" if hub_offline() else hub_answer(repo_id)
+    why = "HF_HUB_OFFLINE=1 is set" if hub_offline() else hub_answer(repo_id)[1]
     if why is None:
         return None
     return (f"{repo_id} is {where}, and {why}. Download it where the hub is reachable "

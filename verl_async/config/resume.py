@@ -27,11 +27,13 @@ class ResumePlan:
     path: Optional[str] = None  # the checkpoint to load; None: start fresh
     step: Optional[int] = None  # its trainer step (None: a checkpoint from before run_info.json)
     total_steps: Optional[int] = None  # of the whole run, this config's data and sizes
+    fresh_because: Optional[str] = None  # why nothing is loaded, when not the mode or an empty folder
 
     def describe(self) -> str:
         """'resuming from <checkpoint> (step k of N)' or 'starting fresh (...)': what the user must know first."""
         if self.path is None:
-            why = "trainer.resume_mode=disable" if self.mode == "disable" else f"no checkpoint in {self.root}"
+            why = self.fresh_because or ("trainer.resume_mode=disable" if self.mode == "disable"
+                                         else f"no checkpoint in {self.root}")
             return f"starting fresh ({why})"
         return f"resuming from {self.path}{step_of(self.step, self.total_steps)}"
 
@@ -80,7 +82,7 @@ def plan_resume(cfg: Any, train_prompts: Optional[int]) -> ResumePlan:
     mode, root = str(t.resume_mode), str(t.default_local_dir)
     total = total_steps(cfg, train_prompts) if train_prompts else None
     if cfg.debug.get("rollout_only"):  # no trainer: nothing is loaded
-        return ResumePlan("disable", root, total_steps=total)
+        return ResumePlan(mode, root, total_steps=total, fresh_because="debug.rollout_only=true loads no checkpoint")
     if mode == "auto" and not os.path.isdir(root):
         return ResumePlan(mode, root, total_steps=total)
     path = checkpoint_to_resume(t)
