@@ -1,7 +1,7 @@
 """Checks against the machine, after validate() and before Ray starts; the dry run runs them all.
 
 validate() looks at the config alone (fast, no torch); preflight() opens things: the
-device, the engine package, the model (a local folder, the HF cache or a reachable hub),
+device, the optional packages the config asks for (vLLM, megatron-core), the model (a local folder, the HF cache or a reachable hub),
 the custom reward function, and the data, tokenised with the model's tokenizer and chat
 template exactly as the Rollouter will (verl_async.data.PromptDataset), so an overlong
 prompt under `data.truncation=error` is reported with its file, row and length. Last it
@@ -23,8 +23,9 @@ from verl_async.config.model_source import prompt_tokenizer
 from verl_async.config.resume import plan_resume
 from verl_async.versions import check_transformers
 
+
 def preflight(cfg: DictConfig) -> Dict[str, Any]:
-    """Check transformers, device, engine, model, reward function, data and resume; return facts for the summary.
+    """Check transformers, device, packages, model, reward function, data and resume; return facts for the summary.
 
     An unsupported transformers raises verl_async.versions.UnsupportedTransformersError (the entry
     point prints it in one line) before anything builds a model.
