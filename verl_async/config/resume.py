@@ -190,7 +190,8 @@ def interrupted(cfg: Any, argv: list[str]) -> str:
 
     root = str(OmegaConf.select(cfg, "trainer.default_local_dir", default=None) or "")
     mode = str(OmegaConf.select(cfg, "trainer.resume_mode", default="auto"))
-    save_freq = int(OmegaConf.select(cfg, "trainer.save_freq", default=-1) or -1)
+    save_freq = OmegaConf.select(cfg, "trainer.save_freq", default=None)
+    save_freq = -1 if save_freq is None else int(save_freq)
     path = latest_checkpoint(root) if root else None
     if path is not None:
         where = f"{path}{step_of(read_run_info(path).get('step'), None)}"
