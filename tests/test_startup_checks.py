@@ -18,7 +18,8 @@ def check(*overrides: str):
 @pytest.mark.parametrize(
     "overrides,key,words",
     [
-        (["data.max_prompt_length=4000", "data.max_response_length=200"], f"{A}.actor.ppo_max_token_len_per_gpu",
+        (["data.max_prompt_length=4000", "data.max_response_length=200", f"{A}.actor.ppo_max_token_len_per_gpu=4096"],
+         f"{A}.actor.ppo_max_token_len_per_gpu",
          "4096 tokens per update micro-batch cannot hold one sequence of up to data.max_prompt_length + "
          "data.max_response_length = 4000 + 200 = 4200 tokens"),
         (["async_training.use_rollout_log_probs=false", f"{A}.rollout.log_prob_max_token_len_per_gpu=191"],
@@ -38,6 +39,22 @@ def test_longest_sequence_must_fit_every_token_budget_in_use(overrides, key, wor
     with pytest.raises(ConfigError) as info:
         check(*overrides)
     assert info.value.key == key and words in info.value.reason, str(info.value)
+
+
+def test_a_null_budget_on_cpu_is_4096_tokens(tmp_path, tiny_model_dir):
+    """null sizes the budget to the device on an accelerator (never below the longest sequence), but means 4096 on
+    CPU: the preflight applies validate()'s rule to that value."""
+    from verl_async.config.preflight import check_cpu_token_budgets
+
+    cfg = check("data.max_prompt_length=4000", "data.max_response_length=200")  # null: validate() cannot know
+    with pytest.raises(ConfigError) as info:
+        check_cpu_token_budgets(cfg)
+    assert info.value.key == f"{A}.actor.ppo_max_token_len_per_gpu"
+    assert info.value.reason.startswith("null (4096 tokens on CPU) per update micro-batch cannot hold one sequence of "
+                                        "up to data.max_prompt_length + data.max_response_length = 4000 + 200 = 4200")
+    check_cpu_token_budgets(check("data.max_prompt_length=4000", "data.max_response_length=96"))  # 4096: fits
+    check_cpu_token_budgets(check("data.max_prompt_length=4000", "data.max_response_length=200", "trainer.device=cuda",
+                                  "async_training.sync_transport=object_store"))
 
 
 def test_budgets_not_in_use_are_not_checked():

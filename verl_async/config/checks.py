@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -235,12 +235,15 @@ def lengths(cfg: DictConfig) -> None:
         )
 
 
-@check
-def sequence_fits_token_budgets(cfg: DictConfig) -> None:
+def token_budget_problem(cfg: DictConfig, null_tokens: Optional[int] = None) -> Optional[ConfigError]:
     """With dynamic batch sizes a micro-batch packs whole sequences up to a token budget, so the longest
-    possible sequence must fit one (the trainer would otherwise fail at the first update, hours in)."""
+    possible sequence must fit one (the trainer would otherwise fail at the first update, hours in).
+
+    `null_tokens`: what a null budget stands for (4096 on CPU, trainer/token_budget.py); None: not known
+    here (on an accelerator it is sized after the model is built, never below the longest sequence).
+    """
     if cfg.debug.rollout_only:
-        return
+        return None
     aref, data = cfg.actor_rollout_ref, cfg.data
     response = aref.rollout.response_length
     response_key = "data.max_response_length" if response == data.max_response_length else f"{_A}.rollout.response_length"
@@ -253,14 +256,25 @@ def sequence_fits_token_budgets(cfg: DictConfig) -> None:
         (f"{_A}.ref.log_prob_max_token_len_per_gpu", aref.ref.log_prob_max_token_len_per_gpu,
          aref.ref.log_prob_use_dynamic_bsz and derived.uses_reference_policy(cfg), "reference log-prob"),
     ]
-    for key, budget, used, what in budgets:
-        if used and budget < longest:
-            raise ConfigError(
+    for key, value, used, what in budgets:
+        budget = null_tokens if value is None else value
+        if used and budget is not None and budget < longest:
+            said = f"{budget} tokens" if value is not None else f"null ({budget} tokens on CPU)"
+            return ConfigError(
                 key,
-                f"{budget} tokens per {what} micro-batch cannot hold one sequence of up to data.max_prompt_length + "
+                f"{said} per {what} micro-batch cannot hold one sequence of up to data.max_prompt_length + "
                 f"{response_key} = {data.max_prompt_length} + {response} = {longest} tokens (dynamic batch size packs "
                 f"whole sequences); raise it to at least {longest} or shorten those lengths",
             )
+    return None
+
+
+@check
+def sequence_fits_token_budgets(cfg: DictConfig) -> None:
+    """Budgets given as numbers; a null one is checked by the preflight (its value depends on the device)."""
+    problem = token_budget_problem(cfg)
+    if problem is not None:
+        raise problem
 
 
 @check

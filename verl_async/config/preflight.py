@@ -34,6 +34,7 @@ def preflight(cfg: DictConfig) -> Dict[str, Any]:
     check_device(cfg)
     check_model_folder(cfg)
     check_optional_packages(cfg)
+    check_cpu_token_budgets(cfg)
     check_reward_function(cfg)
     tokenizer = prompt_tokenizer(cfg)
     datasets = {split: load_prompts(cfg, tokenizer, split) for split in ("train", "val")}
@@ -70,6 +71,19 @@ def check_model_folder(cfg: DictConfig) -> None:
     path = os.path.expanduser(cfg.actor_rollout_ref.model.path)
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError("actor_rollout_ref.model.path", f"{cfg.actor_rollout_ref.model.path} has no config.json (not an HF model folder)")
+
+
+def check_cpu_token_budgets(cfg: DictConfig) -> None:
+    """A null token budget means 4096 on CPU (trainer/token_budget.py), whatever the sequence length: the
+    rule validate() applies to numbers (on an accelerator a null budget is sized to fit the longest sequence)."""
+    if cfg.trainer.device != "cpu":
+        return
+    from verl_async.config.checks import token_budget_problem
+    from verl_async.trainer.token_budget import CPU_TOKENS
+
+    problem = token_budget_problem(cfg, CPU_TOKENS)
+    if problem is not None:
+        raise problem
 
 
 def check_optional_packages(cfg: DictConfig) -> None:
