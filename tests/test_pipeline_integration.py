@@ -6,6 +6,7 @@ import collections
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -234,6 +235,10 @@ def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(tmp_path, tin
     proc.wait(timeout=30)
     resumed = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    said = re.search(r"resuming from \S+/global_step_\d+/actor \(step (\d+) of 8\)", resumed.stdout)  # 16 / 2
+    assert said, resumed.stdout[-3000:]
+    k = int(said.group(1))
+    assert f"{8 - k} steps trained (resumed at step {k}, now at step 8)" in resumed.stdout, resumed.stdout[-2000:]
     uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
     counts = collections.Counter(uids)
     assert len(counts) == 16 and set(counts.values()) == {1}, counts

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -24,6 +24,7 @@ Check = Callable[[DictConfig], None]
 CHECKS: List[Check] = []
 
 BUILTIN_PREFIX = "builtin://"
+_A = "actor_rollout_ref"
 
 
 def check(fn: Check) -> Check:
@@ -269,6 +270,48 @@ def lengths(cfg: DictConfig) -> None:
             "actor_rollout_ref.rollout.max_model_len",
             f"{rollout.max_model_len} < prompt_length + response_length = {rollout.prompt_length + rollout.response_length}",
         )
+
+
+def token_budget_problem(cfg: DictConfig, null_tokens: Optional[int] = None) -> Optional[ConfigError]:
+    """With dynamic batch sizes a micro-batch packs whole sequences up to a token budget, so the longest
+    possible sequence must fit one (the trainer would otherwise fail at the first update, hours in).
+
+    `null_tokens`: what a null budget stands for (4096 on CPU, trainer/token_budget.py); None: not known
+    here (on an accelerator it is sized after the model is built, never below the longest sequence).
+    """
+    if cfg.debug.rollout_only:
+        return None
+    aref, data = cfg.actor_rollout_ref, cfg.data
+    response = aref.rollout.response_length
+    response_key = "data.max_response_length" if response == data.max_response_length else f"{_A}.rollout.response_length"
+    longest = data.max_prompt_length + response
+    budgets = [
+        (f"{_A}.actor.ppo_max_token_len_per_gpu", aref.actor.ppo_max_token_len_per_gpu, aref.actor.use_dynamic_bsz,
+         "update"),
+        (f"{_A}.rollout.log_prob_max_token_len_per_gpu", aref.rollout.log_prob_max_token_len_per_gpu,
+         aref.rollout.log_prob_use_dynamic_bsz and derived.recomputes_old_log_probs(cfg), "old log-prob"),
+        (f"{_A}.ref.log_prob_max_token_len_per_gpu", aref.ref.log_prob_max_token_len_per_gpu,
+         aref.ref.log_prob_use_dynamic_bsz and derived.uses_reference_policy(cfg), "reference log-prob"),
+    ]
+    for key, value, used, what in budgets:
+        budget = null_tokens if value is None else value
+        if used and budget is not None and budget < longest:
+            said = f"{budget} tokens" if value is not None else f"null ({budget} tokens on CPU)"
+            return ConfigError(
+                key,
+                f"{said} per {what} micro-batch cannot hold one sequence of up to data.max_prompt_length + "
+                f"{response_key} = {data.max_prompt_length} + {response} = {longest} tokens (dynamic batch size packs "
+                f"whole sequences); raise it to at least {longest} or shorten those lengths",
+            )
+    return None
+
+
+@check
+def sequence_fits_token_budgets(cfg: DictConfig) -> None:
+    """Budgets given as numbers; a null one is checked by the preflight (its value depends on the device)."""
+    problem = token_budget_problem(cfg)
+    if problem is not None:
+        raise problem
 
 
 @check
