@@ -153,10 +153,15 @@ PY
       block=$(awk -v tag="<!-- gpu-command: $name -->" '$0 == tag {found=1; next} found && /^```bash/ {inb=1; next}
               inb && /^```/ {exit} inb {print}' README.md)
       [ -n "$block" ] || { echo "README.md has no block marked gpu-command: $name" >&2; status=2; continue; }
-      mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python
+      # `python` runs python3 (a symlink would lose the image's venv: Python finds pyvenv.cfg beside the link)
+      mkdir -p /tmp/pybin && rm -f /tmp/pybin/python && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/pybin/python
+      chmod +x /tmp/pybin/python
       echo "=== readme:$name, verbatim:"; echo "$block"
       t0=$SECONDS
-      PATH=/tmp/pybin:$PATH timeout --kill-after=15 "${README_LIMIT:-900}" bash -c "$block" > "$STORE/readme-$name.log" 2>&1
+      # HOME on a plain local folder: the lent machine's /root is its output mount (writing data there hung, 11-25)
+      mkdir -p "${README_HOME:-/tmp/readme_home}"
+      HOME=${README_HOME:-/tmp/readme_home} PATH=/tmp/pybin:$PATH timeout --kill-after=15 "${README_LIMIT:-900}" \
+        bash -c "$block" > "$STORE/readme-$name.log" 2>&1
       rc=$?
       echo "=== readme:$name: rc=$rc in $((SECONDS - t0))s"
       tr '\r' '\n' < "$STORE/readme-$name.log" | grep -aE "validation|done in|run failed|Error|resuming|starting fresh" | tail -n 12
