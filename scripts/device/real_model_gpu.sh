@@ -158,7 +158,7 @@ PY
       chmod +x /tmp/pybin/python
       echo "=== readme:$name, verbatim:"; echo "$block"
       t0=$SECONDS
-      # HOME on a plain local folder: the lent machine's /root is its output mount (writing data there hung, 11-25)
+      # a fresh HOME, as on a new user machine (the block writes ~/data)
       mkdir -p "${README_HOME:-/tmp/readme_home}"
       HOME=${README_HOME:-/tmp/readme_home} PATH=/tmp/pybin:$PATH timeout --kill-after=15 "${README_LIMIT:-900}" \
         bash -c "$block" > "$STORE/readme-$name.log" 2>&1
