@@ -65,3 +65,29 @@ def test_ulysses_sequence_parallelism_is_refused(name, role):
     assert info.value.key == f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size"
     assert "not implemented" in info.value.reason
     assert check(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"], name)
+
+
+# --------------------------------------------------------------------------- DAPO dynamic sampling (issue 24)
+FG = "algorithm.filter_groups"
+
+
+@pytest.mark.parametrize("name", [FSDP, MEGATRON])
+def test_filter_groups_takes_verl_keys(name):
+    cfg = check([f"{FG}.enable=true", f"{FG}.metric=acc", f"{FG}.max_num_gen_batches=10"], name)
+    assert (cfg.algorithm.filter_groups.metric, cfg.algorithm.filter_groups.max_num_gen_batches) == ("acc", 10)
+    assert check([], name).algorithm.filter_groups.enable is False
+
+
+@pytest.mark.parametrize("overrides, key, reason", [
+    ([f"{FG}.enable=true"], f"{FG}.metric", "required with filter_groups.enable=true"),
+    ([f"{FG}.enable=true", f"{FG}.metric=seq_final_reward", "algorithm.use_kl_in_reward=true"], f"{FG}.metric",
+     "seq_final_reward subtracts the in-reward KL"),
+    ([f"{FG}.enable=true", f"{FG}.metric=acc", "actor_rollout_ref.rollout.n=1",
+      "algorithm.adv_estimator=reinforce_plus_plus"], f"{FG}.enable", "group of one response"),
+    ([f"{FG}.enable=true", f"{FG}.metric=acc", "debug.train_only=true"], f"{FG}.enable", "debug.train_only"),
+    ([f"{FG}.max_num_gen_batches=-1"], f"{FG}.max_num_gen_batches", "must be >= 0"),
+])
+def test_filter_groups_errors_name_the_key(overrides, key, reason):
+    with pytest.raises(ConfigError) as info:
+        check(overrides)
+    assert info.value.key == key and reason in info.value.reason

@@ -117,6 +117,29 @@ def kl_control(cfg: DictConfig) -> None:
 
 
 @check
+def filter_groups(cfg: DictConfig) -> None:
+    """DAPO dynamic sampling runs at the Rollouter on scored groups (rollout/group_filter.py): it needs a
+    metric, groups of two or more, a Rollouter, and a reward the Rollouter can know."""
+    fg = cfg.algorithm.filter_groups
+    if not fg.enable:
+        return
+    key = "algorithm.filter_groups"
+    if not fg.metric:
+        raise ConfigError(f"{key}.metric", "required with filter_groups.enable=true (verl's: acc, score, seq_reward, "
+                                           "seq_final_reward, or any key the reward function returns)")
+    if fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+        raise ConfigError(f"{key}.metric", "seq_final_reward subtracts the in-reward KL (algorithm.use_kl_in_reward="
+                                           "true), which the Rollouter cannot compute (no reference model there); "
+                                           "filter on seq_reward (the reward before the KL)")
+    if cfg.actor_rollout_ref.rollout.n < 2:
+        raise ConfigError(f"{key}.enable", "a group of one response (actor_rollout_ref.rollout.n=1) has no spread "
+                                           "to filter on; every group would be kept")
+    if cfg.debug.train_only or cfg.debug.load_rollout_data:
+        raise ConfigError(f"{key}.enable", "groups are filtered at the Rollouter, which debug.train_only / "
+                                           "debug.load_rollout_data do not run")
+
+
+@check
 def old_log_probs_source(cfg: DictConfig) -> None:
     """Rollout correction weighs exp(old - rollout): in bypass mode old IS rollout, every
     weight is 1 and nothing is ever rejected or vetoed, so enabling it there is refused."""

@@ -349,6 +349,13 @@ class KLCtrlConfig:
 
 
 @schema
+class FilterGroupsConfig:
+    enable: bool
+    metric: Optional[str]
+    max_num_gen_batches: int = rule(ge=0)
+
+
+@schema
 class AlgorithmConfig:
     gamma: float = rule(ge=0, le=1)
     lam: float = rule(ge=0, le=1)
@@ -358,6 +365,7 @@ class AlgorithmConfig:
     kl_penalty: str = rule(choices=KL_TYPES)
     kl_ctrl: KLCtrlConfig
     max_staleness: Optional[int] = rule(ge=0)
+    filter_groups: FilterGroupsConfig
 
 
 @schema

@@ -58,7 +58,8 @@ CONSOLE_KEYS = (
     "critic/score/mean", "critic/acc/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm",
     "actor/entropy", "fully_async/staleness/mean", "fully_async/queue_size", "timing_s/step",
     "timing_s/param_sync", "perf/trained_tokens_per_s", "fully_async/trainer_idle_ratio", "rollout/idle_ratio",
-    "val/mean@1/acc", "mismatch/train_rollout_logprob_abs_diff",
+    "val/mean@1/acc", "mismatch/train_rollout_logprob_abs_diff", "critic/nonzero_adv_frac",
+    "fully_async/filtered_groups",
 )
 
 
@@ -89,6 +90,24 @@ def batch_metrics(groups: Sequence[RolloutSample], version: int, max_response_le
     if accs:
         out["critic/acc/mean"] = _mean(accs)
     return out
+
+
+def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> dict[str, float]:
+    """Advantage mean/max over response tokens, and how many responses carry any learning signal.
+
+    `critic/nonzero_adv_frac` is the share of the step's responses with |advantage| > eps on some
+    token (`critic/nonzero_adv_samples` their count): a GRPO group whose rewards are all equal has
+    advantage 0 everywhere (the share `algorithm.filter_groups` removes). eps absorbs the rounding
+    of a group mean of equal non-integer rewards.
+    """
+    valid = mask.bool()
+    nonzero = ((advantages.abs() > eps) & valid).any(dim=-1)
+    return {
+        "critic/advantages/mean": float(advantages[valid].mean()) if valid.any() else 0.0,
+        "critic/advantages/max": float(advantages[valid].max()) if valid.any() else 0.0,
+        "critic/nonzero_adv_frac": float(nonzero.float().mean()) if nonzero.numel() else 0.0,
+        "critic/nonzero_adv_samples": float(nonzero.sum()),
+    }
 
 
 def next_kl_coef(kl_ctrl: Any, coef: float, current_kl: float, n_steps: int) -> float:
@@ -422,15 +441,14 @@ class Trainer:
             if str(algo.adv_estimator) == "reinforce_plus_plus":
                 adv = compute_reinforce_plus_plus_advantage(token_rewards, mask, gamma=float(algo.gamma))
                 batch["advantages"] = adv
+                metrics.update(advantage_metrics(adv, mask))
                 return metrics
             scores = token_rewards.sum(-1)
         batch["advantages"] = compute_advantages(
             str(algo.adv_estimator), scores, batch["group_index"], mask,
             norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo), gamma=float(algo.gamma),
         )
-        valid = mask.bool()
-        metrics["critic/advantages/mean"] = float(batch["advantages"][valid].mean()) if valid.any() else 0.0
-        metrics["critic/advantages/max"] = float(batch["advantages"][valid].max()) if valid.any() else 0.0
+        metrics.update(advantage_metrics(batch["advantages"], mask))
         return metrics
 
     # ------------------------------------------------------------------ debug dumps
