@@ -351,6 +351,21 @@ def resume(cfg: DictConfig) -> None:
             raise ConfigError("trainer.resume_from_path", f"no such checkpoint: {t.resume_from_path}")
 
 
+@check
+def checkpoint_contents(cfg: DictConfig) -> None:
+    """A checkpoint always holds model, optimizer and extra (exactly-once resume needs all three); verl's
+    `hf_model` adds actor/huggingface. Leaving one of the three out would be silently ignored: refused."""
+    ckpt = cfg.actor_rollout_ref.actor.checkpoint
+    for name in ("save_contents", "load_contents"):
+        missing = [c for c in ("model", "optimizer", "extra") if c not in ckpt[name]]
+        if missing:
+            raise ConfigError(
+                f"actor_rollout_ref.actor.checkpoint.{name}",
+                f"must hold model, optimizer and extra (missing {', '.join(missing)}): checkpoints always save and "
+                f"load all three for exactly-once resume; add hf_model for an HF folder beside each",
+            )
+
+
 # --------------------------------------------------------------------------- debug
 @check
 def debug_modes(cfg: DictConfig) -> None:

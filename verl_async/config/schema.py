@@ -43,6 +43,7 @@ CORRECTION_LEVELS = ("token", "sequence", "geometric")
 CORRECTION_MODES = ("truncate", "clip", "mask")
 CORRECTION_VETO_RULES = ("old_prob", "ratio")  # == verl_async.algos.rollout_correction.VETO_RULES
 PDSR_CAP_MODES = ("l_cut", "probe")  # == verl_async.rollout.pdsr_policy.CAP_MODES
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")  # verl's actor.checkpoint.save_contents
 
 
 def rule(*, choices=None, ge=None, gt=None, le=None) -> Any:
@@ -230,8 +231,8 @@ class ActorMegatronConfig(MegatronConfig):
 
 @schema
 class CheckpointConfig:
-    save_contents: List[str]
-    load_contents: List[str]
+    save_contents: List[str] = rule(choices=CHECKPOINT_CONTENTS)
+    load_contents: List[str] = rule(choices=CHECKPOINT_CONTENTS)
 
 
 @schema
