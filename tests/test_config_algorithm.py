@@ -91,3 +91,30 @@ def test_filter_groups_errors_name_the_key(overrides, key, reason):
     with pytest.raises(ConfigError) as info:
         check(overrides)
     assert info.value.key == key and reason in info.value.reason
+
+
+# --------------------------------------------------------------------------- checkpoint contents (issue 24)
+CK = "actor_rollout_ref.actor.checkpoint"
+
+
+@pytest.mark.parametrize("name", [FSDP, MEGATRON])
+def test_hf_model_in_save_contents_is_verls_switch(name):
+    from omegaconf import OmegaConf
+
+    from verl_async.trainer.settings import TrainerSettings
+
+    cfg = check([f"{CK}.save_contents=[model,optimizer,extra,hf_model]"], name)
+    assert "hf_model" in cfg.actor_rollout_ref.actor.checkpoint.load_contents  # follows save_contents, as in verl
+    assert TrainerSettings.from_config(OmegaConf.to_container(cfg, resolve=True)).save_hf_model is True
+    assert TrainerSettings.from_config(OmegaConf.to_container(check([], name), resolve=True)).save_hf_model is False
+
+
+@pytest.mark.parametrize("overrides, key, reason", [
+    ([f"{CK}.save_contents=[hf_model]"], f"{CK}.save_contents", "missing model, optimizer, extra"),
+    ([f"{CK}.load_contents=[model,extra]"], f"{CK}.load_contents", "missing optimizer"),
+    ([f"{CK}.save_contents=[model,optimizer,extra,weights]"], f"{CK}.save_contents", "unknown value 'weights'"),
+])
+def test_checkpoint_contents_that_would_be_ignored_are_refused(overrides, key, reason):
+    with pytest.raises(ConfigError) as info:
+        check(overrides)
+    assert info.value.key == key and reason in info.value.reason
