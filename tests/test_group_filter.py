@@ -15,7 +15,7 @@ from verl_async.rollout.group_filter import (
     has_zero_spread,
     metric_value,
 )
-from verl_async.trainer.trainer import advantage_metrics
+from verl_async.trainer.prepare import nonzero_advantage_metrics
 
 ALL = [f"e0-i{i}" for i in range(8)]
 EVEN = [u for u in ALL if int(u.split("i")[1]) % 2 == 0]
@@ -101,9 +101,8 @@ def test_filter_state_keeps_the_log_of_the_checkpoint_only(tmp_path):
 def test_nonzero_advantage_share_by_hand():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     adv = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 9.0], [1e-9, -1e-9, 0.0], [0.0, 0.0, 0.0]])
-    m = advantage_metrics(adv, mask)  # row 1's 9.0 sits on padding; row 2 is rounding noise
-    assert m["critic/nonzero_adv_frac"] == 0.25 and m["critic/nonzero_adv_samples"] == 1.0
-    assert m["critic/advantages/mean"] == pytest.approx(1.0 / 6) and m["critic/advantages/max"] == 0.5
+    m = nonzero_advantage_metrics(adv, mask)  # row 1's 9.0 sits on padding; row 2 is rounding noise
+    assert m == {"critic/nonzero_adv_frac": 0.25, "critic/nonzero_adv_samples": 1.0}
 
 
 # --------------------------------------------------------------------------- at the Rollouter
