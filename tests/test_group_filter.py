@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling (algorithm.filter_groups) at the Rollouter: the spread check, the queue, the budget, the bound."""
+"""DAPO dynamic sampling (algorithm.filter_groups) at the Rollouter: spread check, queue, budget, bound, resume."""
 
 import asyncio
 import json
@@ -63,7 +63,7 @@ def test_metric_values_by_verl_name():
 
 def test_filter_counts_per_source_and_bounds_the_run_in_a_row(tmp_path):
     log = tmp_path / "rollout" / "filtered_groups.jsonl"
-    f = GroupFilter("acc", limit=2, log_path=str(log))
+    f = GroupFilter("acc", max_num_gen_batches=1, required_samples=2, log_path=str(log))
     flat = [response(0.0, acc=0.0)] * 2
     assert f.keep(sample("a", flat, "math"), version=3) is False
     assert f.keep(sample("b", flat), version=3) is False
@@ -72,7 +72,7 @@ def test_filter_counts_per_source_and_bounds_the_run_in_a_row(tmp_path):
     assert not f.keep(sample("d", flat), 4) and not f.keep(sample("e", flat), 4)
     with pytest.raises(FilterGroupsExhausted, match=r"^algorithm\.filter_groups\.max_num_gen_batches: 3 groups in a "
                                                     r"row had the same 'acc' .*max_num_gen_batches x required_samples "
-                                                    r"= 2 .*set it to 0 for no bound"):
+                                                    r"= 1 x 2 = 2 .*set it to 0 for no bound"):
         f.keep(sample("f", flat), 4)
     assert f.metrics() == {"fully_async/filtered_groups": 5.0, "fully_async/filtered_groups_in_a_row": 3.0,
                            "fully_async/filtered_groups/gsm8k": 4.0, "fully_async/filtered_groups/math": 1.0}
@@ -84,13 +84,13 @@ def test_filter_counts_per_source_and_bounds_the_run_in_a_row(tmp_path):
 def test_filter_state_keeps_the_log_of_the_checkpoint_only(tmp_path):
     log = tmp_path / "filtered.jsonl"
     log.write_text('{"uid": "old-run"}\n')
-    f = GroupFilter("score", limit=None, log_path=str(log))
+    f = GroupFilter("score", log_path=str(log))
     flat = [response(score=1.0)] * 2
     f.keep(sample("a", flat), 0)  # a fresh run starts the log empty
     state = f.state_dict()
     f.keep(sample("b", flat), 1)  # after the checkpoint: lost with the crash
     assert [json.loads(x)["uid"] for x in log.read_text().splitlines()] == ["a", "b"]
-    resumed = GroupFilter("score", limit=None, log_path=str(log))
+    resumed = GroupFilter("score", log_path=str(log))
     resumed.load_state_dict(state)
     assert [json.loads(x)["uid"] for x in log.read_text().splitlines()] == ["a"]
     assert resumed.filtered == 1 and resumed.by_source == {"gsm8k": 1}
@@ -116,7 +116,7 @@ async def even_prompts_all_wrong(item, responses):
 def test_flat_groups_never_reach_the_queue_and_give_their_slot_back():
     # Strictly on-policy: 2 groups per version. A filtered group that kept its slot would leave the
     # trainer waiting for a second group that the Rollouter may not start: run_pipeline would time out.
-    gf = GroupFilter("acc", limit=None)
+    gf = GroupFilter("acc")
     ro, q = make(8, n=2, required=2, trigger=1, threshold=0.0, scorer=even_prompts_all_wrong, group_filter=gf)
     seen, stale, version = within(run_pipeline(ro, q, 2, 1, 2), 30)
     assert sorted(seen) == ODD and set(stale) == {0}  # full, on-policy batches of usable groups only
@@ -126,7 +126,7 @@ def test_flat_groups_never_reach_the_queue_and_give_their_slot_back():
 
 
 def test_filtered_slot_lets_a_replacement_start_under_the_same_version():
-    gf = GroupFilter("acc", limit=None)
+    gf = GroupFilter("acc")
     ro, q = make(8, n=2, required=2, trigger=1, threshold=0.0, scorer=even_prompts_all_wrong, group_filter=gf)
 
     async def first_batch():
@@ -147,7 +147,7 @@ async def always_flat(item, responses):
 
 
 def test_too_many_flat_groups_in_a_row_stop_the_run_naming_the_key():
-    gf = GroupFilter("acc", limit=1 * 2, max_num_gen_batches=1)  # max_num_gen_batches=1 x required 2
+    gf = GroupFilter("acc", max_num_gen_batches=1, required_samples=2)
     ro, q = make(8, n=2, required=2, trigger=1, threshold=0.0, scorer=always_flat, group_filter=gf)
     # No trainer and no sync: the returned slots alone keep the Rollouter going until the bound stops it.
     with pytest.raises(FilterGroupsExhausted, match=r"max_num_gen_batches: 3 groups in a row had the same 'acc'"):
@@ -156,7 +156,7 @@ def test_too_many_flat_groups_in_a_row_stop_the_run_naming_the_key():
 
 
 def test_unbounded_filter_ends_with_the_data_when_nothing_is_usable():
-    gf = GroupFilter("acc", limit=None)
+    gf = GroupFilter("acc")
     ro, q = make(6, n=2, required=2, trigger=1, threshold=0.0, scorer=always_flat, group_filter=gf)
     seen, _, version = within(run_pipeline(ro, q, 2, 1, 2), 30)
     assert seen == [] and version == 0 and gf.filtered == 6
@@ -167,7 +167,7 @@ async def no_acc(item, responses):
 
 
 def test_metric_the_scorer_does_not_return_stops_the_run():
-    ro, q = make(4, n=2, required=2, trigger=1, threshold=0.0, scorer=no_acc, group_filter=GroupFilter("acc", None))
+    ro, q = make(4, n=2, required=2, trigger=1, threshold=0.0, scorer=no_acc, group_filter=GroupFilter("acc"))
     with pytest.raises(MissingFilterMetric, match=r"algorithm\.filter_groups\.metric: 'acc'"):
         within(ro.run(), 30)
     assert q.size() == 0
@@ -181,7 +181,7 @@ def test_group_scored_while_paused_is_judged_after_the_sync():
         await release.wait()
         return [(0.0, {"acc": 0.0}) for _ in responses]
 
-    gf = GroupFilter("acc", limit=None)
+    gf = GroupFilter("acc")
     ro, q = make(1, n=2, required=1, trigger=1, threshold=0.0, scorer=slow_flat, partial=False, group_filter=gf)
 
     async def go():

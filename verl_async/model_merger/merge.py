@@ -59,7 +59,8 @@ def merge(backend: str, local_dir: str, target_dir: str, *, dtype: Optional[str]
     meta = read_meta(local_dir)
     written_by = meta.get("backend", "fsdp")
     if written_by != backend:
-        raise MergeError(f"--local_dir {local_dir!r} was written by the {written_by} trainer: use --backend {written_by}")
+        raise MergeError(f"--local_dir {local_dir!r} was written by the {written_by} trainer: "
+                         f"use --backend {written_by}")
     source = HFSource(config_source(local_dir, meta, hf_model_path), trust_remote_code=trust_remote_code)
     hf_config = AutoConfig.from_pretrained(source.model_path, trust_remote_code=trust_remote_code)
     try:

@@ -48,7 +48,13 @@ def fsdp_state(local_dir: str) -> dict[str, torch.Tensor]:
 
 def megatron_state(local_dir: str, meta: Mapping[str, Any], hf_config: Any) -> dict[str, torch.Tensor]:
     """HF tensors of a Megatron checkpoint: TP shards joined, pipeline stages renamed to global layers."""
-    from verl_async.trainer.megatron.convert import ConversionError, from_mcore_shards, hf_names, model_spec, param_map_for
+    from verl_async.trainer.megatron.convert import (
+        ConversionError,
+        from_mcore_shards,
+        hf_names,
+        model_spec,
+        param_map_for,
+    )
 
     layout = dict(meta.get("layout") or {})
     tp, pp = int(layout.get("tensor_model_parallel_size", 1)), int(layout.get("pipeline_model_parallel_size", 1))

@@ -72,13 +72,15 @@ def has_zero_spread(values: Sequence[Optional[float]]) -> bool:
 
 
 class GroupFilter:
-    """The filter, its counters and its log; `limit` is the most groups in a row it may drop (None: no bound)."""
+    """The filter, its counters and its log."""
 
-    def __init__(self, metric: str, limit: Optional[int], *, max_num_gen_batches: int = 0,
+    def __init__(self, metric: str, *, max_num_gen_batches: int = 0, required_samples: int = 1,
                  log_path: Optional[str] = None) -> None:
         self.metric = metric
-        self.limit = limit
         self.max_num_gen_batches = max_num_gen_batches
+        self.required_samples = required_samples
+        # the most groups that may be filtered in a row (None: no bound)
+        self.limit = max_num_gen_batches * required_samples if max_num_gen_batches > 0 else None
         self.log_path = log_path
         self.filtered = 0
         self.by_source: collections.Counter[str] = collections.Counter()
@@ -94,9 +96,8 @@ class GroupFilter:
         """None when `algorithm.filter_groups.enable` is off (or the section is absent)."""
         if filter_groups is None or not bool(filter_groups.get("enable", False)):
             return None
-        batches = int(filter_groups.get("max_num_gen_batches") or 0)
-        return cls(str(filter_groups.metric), batches * required_samples if batches > 0 else None,
-                   max_num_gen_batches=batches, log_path=os.path.join(run_dir, "rollout", FILTERED_LOG))
+        return cls(str(filter_groups.metric), max_num_gen_batches=int(filter_groups.get("max_num_gen_batches") or 0),
+                   required_samples=required_samples, log_path=os.path.join(run_dir, "rollout", FILTERED_LOG))
 
     def keep(self, sample: RolloutSample, version: int) -> bool:
         """Whether `sample` goes to the queue; a dropped one is counted and logged (raises past the bound)."""
@@ -118,9 +119,9 @@ class GroupFilter:
             raise FilterGroupsExhausted(
                 f"algorithm.filter_groups.max_num_gen_batches: {self.in_a_row} groups in a row had the same "
                 f"{self.metric!r} for every response (last value {values[0]}, data_source {sample.data_source!r}); "
-                f"at most max_num_gen_batches x required_samples = {self.limit} may be filtered in a row. The data "
-                f"may be too hard (or too easy) for the model: check the rewards, raise max_num_gen_batches, or set "
-                f"it to 0 for no bound"
+                f"at most max_num_gen_batches x required_samples = {self.max_num_gen_batches} x "
+                f"{self.required_samples} = {self.limit} may be filtered in a row. The data may be too hard (or too "
+                f"easy) for the model: check the rewards, raise max_num_gen_batches, or set it to 0 for no bound"
             )
         return False
 
