@@ -28,6 +28,7 @@ import numpy as np
 from verl_async.config.derived import VAL_TIMEOUT_RULE
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.utils.timeline import Timeline
+from verl_async.utils.tracking import VAL_GENERATIONS_KEY, val_generations
 
 logger = logging.getLogger("verl_async.rollout")
 
@@ -88,7 +89,7 @@ class Validator:
     """k samples per validation prompt, scored; see the module docstring."""
 
     def __init__(self, dataset: Any, reward: Any, sampling: SamplingParams, *, k: int, max_num_seqs: int,
-                 timeline: Timeline, timeout_s: float) -> None:
+                 timeline: Timeline, timeout_s: float, log_generations: int = 0) -> None:
         self.dataset = dataset
         self.reward = reward
         self.sampling = sampling
@@ -96,9 +97,13 @@ class Validator:
         self.max_num_seqs = int(max_num_seqs)
         self.timeline = timeline
         self.timeout_s = float(timeout_s)
+        self.log_generations = int(log_generations)  # trainer.log_val_generations
 
-    async def run(self, engines: Sequence[InferenceEngine], version: int) -> dict[str, float]:
+    async def run(self, engines: Sequence[InferenceEngine], version: int) -> dict[str, Any]:
         """mean@k and pass@k of the scorer, with rollout.val_kwargs sampling, within `timeout_s`.
+
+        With `log_generations` = N > 0 the dict also holds N scored samples under
+        VAL_GENERATIONS_KEY (a list, not a metric: the trainer pops it for its tracker).
 
         Only responses that exist are scored: failed requests are counted
         (`val/failed_requests`, `val/missing_samples`), and a validation without any
@@ -123,7 +128,7 @@ class Validator:
         except asyncio.TimeoutError:
             logger.warning("validation at version %d: aborting its requests took over %.0f s", version, ABORT_WAIT_S)
 
-    async def _run(self, engines: Sequence[InferenceEngine], version: int) -> dict[str, float]:
+    async def _run(self, engines: Sequence[InferenceEngine], version: int) -> dict[str, Any]:
         k, sampling = self.k, self.sampling
         sem = asyncio.Semaphore(self.max_num_seqs * len(engines))
         t0 = self.timeline.now()
@@ -147,6 +152,7 @@ class Validator:
         scored: list[ScoredPrompt] = []
         lengths: list[int] = []
         reward_errors: list[str] = []
+        shown: list[tuple] = []  # (prompt ids, response ids, reward) of each scored response: log_generations
         for i, item in enumerate(items):
             group = [r for r in results[i * k : (i + 1) * k] if r.error is None]
             if not group:
@@ -157,6 +163,7 @@ class Validator:
             lengths += [len(r.token_ids) for r in group]
             reward_errors += [r.error for r in rewards if r.error is not None]
             ok = [r for r in rewards if r.error is None]  # a failed score is no answer, not a wrong one
+            shown += [(item.prompt_ids, r.token_ids, w.reward) for r, w in zip(group, rewards) if w.error is None]
             if ok:
                 scored.append(ScoredPrompt(item.data_source, [float(r.info.get("score", r.reward)) for r in ok],
                                            [float(r.info.get("acc", float(r.reward > 0))) for r in ok]))
@@ -165,5 +172,10 @@ class Validator:
                            "%s); they are left out of val/*", version, len(reward_errors), len(lengths),
                            reward_errors[0])
         self.timeline.record("rollout/validation", "validate", t0, self.timeline.now(), version)
-        return validation_metrics(k, scored, lengths, requested=len(results), failed=len(errors),
-                                  reward_errors=len(reward_errors))
+        out: dict[str, Any] = validation_metrics(k, scored, lengths, requested=len(results), failed=len(errors),
+                                                 reward_errors=len(reward_errors))
+        if self.log_generations > 0 and shown:
+            out[VAL_GENERATIONS_KEY] = val_generations(self.reward.tokenizer, [p for p, _, _ in shown],
+                                                       [r for _, r, _ in shown], [w for _, _, w in shown],
+                                                       self.log_generations)
+        return out
