@@ -65,3 +65,56 @@ def test_ulysses_sequence_parallelism_is_refused(name, role):
     assert info.value.key == f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size"
     assert "not implemented" in info.value.reason
     assert check(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"], name)
+
+
+# --------------------------------------------------------------------------- DAPO dynamic sampling (issue 24)
+FG = "algorithm.filter_groups"
+
+
+@pytest.mark.parametrize("name", [FSDP, MEGATRON])
+def test_filter_groups_takes_verl_keys(name):
+    cfg = check([f"{FG}.enable=true", f"{FG}.metric=acc", f"{FG}.max_num_gen_batches=10"], name)
+    assert (cfg.algorithm.filter_groups.metric, cfg.algorithm.filter_groups.max_num_gen_batches) == ("acc", 10)
+    assert check([], name).algorithm.filter_groups.enable is False
+
+
+@pytest.mark.parametrize("overrides, key, reason", [
+    ([f"{FG}.enable=true"], f"{FG}.metric", "required with filter_groups.enable=true"),
+    ([f"{FG}.enable=true", f"{FG}.metric=seq_final_reward", "algorithm.use_kl_in_reward=true"], f"{FG}.metric",
+     "seq_final_reward subtracts the in-reward KL"),
+    ([f"{FG}.enable=true", f"{FG}.metric=acc", "actor_rollout_ref.rollout.n=1",
+      "algorithm.adv_estimator=reinforce_plus_plus"], f"{FG}.enable", "group of one response"),
+    ([f"{FG}.enable=true", f"{FG}.metric=acc", "debug.train_only=true"], f"{FG}.enable", "debug.train_only"),
+    ([f"{FG}.max_num_gen_batches=-1"], f"{FG}.max_num_gen_batches", "must be >= 0"),
+])
+def test_filter_groups_errors_name_the_key(overrides, key, reason):
+    with pytest.raises(ConfigError) as info:
+        check(overrides)
+    assert info.value.key == key and reason in info.value.reason
+
+
+# --------------------------------------------------------------------------- checkpoint contents (issue 24)
+CK = "actor_rollout_ref.actor.checkpoint"
+
+
+@pytest.mark.parametrize("name", [FSDP, MEGATRON])
+def test_hf_model_in_save_contents_is_verls_switch(name):
+    from omegaconf import OmegaConf
+
+    from verl_async.trainer.settings import TrainerSettings
+
+    cfg = check([f"{CK}.save_contents=[model,optimizer,extra,hf_model]"], name)
+    assert "hf_model" in cfg.actor_rollout_ref.actor.checkpoint.load_contents  # follows save_contents, as in verl
+    assert TrainerSettings.from_config(OmegaConf.to_container(cfg, resolve=True)).save_hf_model is True
+    assert TrainerSettings.from_config(OmegaConf.to_container(check([], name), resolve=True)).save_hf_model is False
+
+
+@pytest.mark.parametrize("overrides, key, reason", [
+    ([f"{CK}.save_contents=[hf_model]"], f"{CK}.save_contents", "missing model, optimizer, extra"),
+    ([f"{CK}.load_contents=[model,extra]"], f"{CK}.load_contents", "missing optimizer"),
+    ([f"{CK}.save_contents=[model,optimizer,extra,weights]"], f"{CK}.save_contents", "unknown value 'weights'"),
+])
+def test_checkpoint_contents_that_would_be_ignored_are_refused(overrides, key, reason):
+    with pytest.raises(ConfigError) as info:
+        check(overrides)
+    assert info.value.key == key and reason in info.value.reason

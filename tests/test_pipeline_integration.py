@@ -244,6 +244,43 @@ def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(tmp_path, tin
     assert len(counts) == 16 and set(counts.values()) == {1}, counts
 
 
+def test_filter_groups_keeps_flat_groups_out_of_training(ray_session, tmp_path, tiny_model_dir, data_files):
+    """DAPO dynamic sampling on the real pipeline: even rows score 0 for every response (dropped at the
+    Rollouter), odd rows a per-response hash (kept); every trained response carries an advantage."""
+    scorer = tmp_path / "half_flat.py"
+    scorer.write_text(
+        "import zlib\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    if extra_info['index'] % 2 == 0:\n"
+        "        return {'score': 0.0, 'acc': 0.0}\n"
+        "    return {'score': (zlib.crc32(solution_str.encode()) % 997 + 1) / 997, 'acc': 0.0}\n"
+    )
+    summary = run_pipeline(
+        tmp_path, tiny_model_dir, data_files, f"custom_reward_function.path={scorer}",
+        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
+        "algorithm.filter_groups.max_num_gen_batches=4",
+        "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
+    )
+    steps = trained_log(tmp_path)
+    trained = [u for entry in steps for u in entry["uids"]]
+    with open(tmp_path / "run" / "rollout" / "filtered_groups.jsonl") as f:
+        filtered = [json.loads(line) for line in f]
+    assert filtered and all(r["index"] % 2 == 0 for r in filtered)
+    assert trained and all(int(u.split(":")[1]) % 2 == 1 for u in trained)
+    assert len(trained) + len(filtered) == 8 and len(set(trained) | {r["uid"] for r in filtered}) == 8
+    assert all(len(entry["uids"]) == 2 for entry in steps[:-1])  # full batches (the last one may be the tail)
+    assert summary["rollout/filtered_groups"] == len(filtered)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = tmp_path / "run" / "tensorboard"
+    acc = EventAccumulator(str(folder / [f for f in os.listdir(folder) if f.startswith("events")][0]))
+    acc.Reload()
+    assert {e.value for e in acc.Scalars("critic/nonzero_adv_frac")} == {1.0}
+    logged = acc.Scalars("fully_async/filtered_groups")[-1].value  # at the last step: the tail may come after
+    assert 0 < logged <= len(filtered)
+    assert acc.Scalars("fully_async/filtered_groups/verl_async/builtin_repeat")[-1].value == logged
+
+
 def test_validation_generations_reach_tensorboard_and_the_file_logger(ray_session, tmp_path, tiny_model_dir, data_files):
     """trainer.log_val_generations=2 across Ray: the Rollouter picks them, the Trainer's tracker writes them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -248,7 +248,8 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     summary: dict[str, Any] = {"wall_s": wall, "run_dir": run_dir, "val_before": before, "val_after": after}
     summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items() if k != "validation"})
     rollout = results.get("rollouter", {})
-    for key in ("failed_prompts", "retried_prompts", "dropped_groups_engine_error", "replicas_out", "reward_errors"):
+    for key in ("failed_prompts", "retried_prompts", "dropped_groups_engine_error", "replicas_out", "reward_errors",
+                "filtered_groups"):
         if key in rollout:
             summary[f"rollout/{key}"] = rollout[key]
     if os.path.exists(timeline_path):
@@ -266,6 +267,9 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     if rollout.get("failed_prompts"):
         print(f"warning: {rollout['failed_prompts']} prompt(s) failed on every retry and were not trained "
               f"(list: {os.path.join(run_dir, 'rollout', 'failed_prompts.jsonl')})", flush=True)
+    if "filtered_groups" in rollout:
+        print(f"algorithm.filter_groups dropped {rollout['filtered_groups']} group(s) whose responses all scored the "
+              f"same (list: {os.path.join(run_dir, 'rollout', 'filtered_groups.jsonl')})", flush=True)
     if rollout.get("reward_errors"):
         print(f"warning: the reward function failed on {rollout['reward_errors']} of {rollout.get('reward_scored', 0)} "
               f"scored responses (scored 0; the first failures are in the log; reward_model.max_error_rate)", flush=True)

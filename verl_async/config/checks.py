@@ -155,6 +155,29 @@ def kl_control(cfg: DictConfig) -> None:
 
 
 @check
+def filter_groups(cfg: DictConfig) -> None:
+    """DAPO dynamic sampling runs at the Rollouter on scored groups (rollout/group_filter.py): it needs a
+    metric, groups of two or more, a Rollouter, and a reward the Rollouter can know."""
+    fg = cfg.algorithm.filter_groups
+    if not fg.enable:
+        return
+    key = "algorithm.filter_groups"
+    if not fg.metric:
+        raise ConfigError(f"{key}.metric", "required with filter_groups.enable=true (verl's: acc, score, seq_reward, "
+                                           "seq_final_reward, or any key the reward function returns)")
+    if fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+        raise ConfigError(f"{key}.metric", "seq_final_reward subtracts the in-reward KL (algorithm.use_kl_in_reward="
+                                           "true), which the Rollouter cannot compute (no reference model there); "
+                                           "filter on seq_reward (the reward before the KL)")
+    if cfg.actor_rollout_ref.rollout.n < 2:
+        raise ConfigError(f"{key}.enable", "a group of one response (actor_rollout_ref.rollout.n=1) has no spread "
+                                           "to filter on; every group would be kept")
+    if cfg.debug.train_only or cfg.debug.load_rollout_data:
+        raise ConfigError(f"{key}.enable", "groups are filtered at the Rollouter, which debug.train_only / "
+                                           "debug.load_rollout_data do not run")
+
+
+@check
 def old_log_probs_source(cfg: DictConfig) -> None:
     """Rollout correction weighs exp(old - rollout): in bypass mode old IS rollout, every
     weight is 1 and nothing is ever rejected or vetoed, so enabling it there is refused."""
@@ -418,6 +441,21 @@ def resume(cfg: DictConfig) -> None:
             raise ConfigError("trainer.resume_from_path", "must be set when trainer.resume_mode=resume_path")
         if not os.path.exists(os.path.expanduser(t.resume_from_path)):
             raise ConfigError("trainer.resume_from_path", f"no such checkpoint: {t.resume_from_path}")
+
+
+@check
+def checkpoint_contents(cfg: DictConfig) -> None:
+    """A checkpoint always holds model, optimizer and extra (exactly-once resume needs all three); verl's
+    `hf_model` adds actor/huggingface. Leaving one of the three out would be silently ignored: refused."""
+    ckpt = cfg.actor_rollout_ref.actor.checkpoint
+    for name in ("save_contents", "load_contents"):
+        missing = [c for c in ("model", "optimizer", "extra") if c not in ckpt[name]]
+        if missing:
+            raise ConfigError(
+                f"actor_rollout_ref.actor.checkpoint.{name}",
+                f"must hold model, optimizer and extra (missing {', '.join(missing)}): checkpoints always save and "
+                f"load all three for exactly-once resume; add hf_model for an HF folder beside each",
+            )
 
 
 # --------------------------------------------------------------------------- debug

@@ -46,6 +46,7 @@ CORRECTION_LEVELS = ("token", "sequence", "geometric")
 CORRECTION_MODES = ("truncate", "clip", "mask")
 CORRECTION_VETO_RULES = ("old_prob", "ratio")  # == verl_async.algos.rollout_correction.VETO_RULES
 PDSR_CAP_MODES = ("l_cut", "probe")  # == verl_async.rollout.pdsr_policy.CAP_MODES
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")  # verl's actor.checkpoint.save_contents
 
 
 def rule(*, choices=None, ge=None, gt=None, le=None) -> Any:
@@ -235,8 +236,8 @@ class ActorMegatronConfig(MegatronConfig):
 
 @schema
 class CheckpointConfig:
-    save_contents: List[str]
-    load_contents: List[str]
+    save_contents: List[str] = rule(choices=CHECKPOINT_CONTENTS)
+    load_contents: List[str] = rule(choices=CHECKPOINT_CONTENTS)
 
 
 @schema
@@ -364,6 +365,13 @@ class KLCtrlConfig:
 
 
 @schema
+class FilterGroupsConfig:
+    enable: bool
+    metric: Optional[str]
+    max_num_gen_batches: int = rule(ge=0)
+
+
+@schema
 class VerlRolloutCorrectionConfig:
     """verl 0.9's algorithm.rollout_correction, translated onto actor.rollout_correction (config/verl09.py)."""
 
@@ -386,6 +394,7 @@ class AlgorithmConfig:
     kl_penalty: str = rule(choices=KL_TYPES)
     kl_ctrl: KLCtrlConfig
     max_staleness: Optional[int] = rule(ge=0)
+    filter_groups: FilterGroupsConfig
     rollout_correction: VerlRolloutCorrectionConfig
 
 

@@ -35,7 +35,8 @@ def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
         f"(tp {arr.rollout.tensor_model_parallel_size}), n={arr.rollout.n}, "
         f"max {cfg.data.max_prompt_length}+{cfg.data.max_response_length} tokens",
         f"algorithm    {cfg.algorithm.adv_estimator}, loss {arr.actor.loss_agg_mode}, "
-        f"kl_loss {'on' if arr.actor.use_kl_loss else 'off'}, kl_in_reward {'on' if cfg.algorithm.use_kl_in_reward else 'off'}",
+        f"kl_loss {'on' if arr.actor.use_kl_loss else 'off'}, kl_in_reward {'on' if cfg.algorithm.use_kl_in_reward else 'off'}, "
+        f"filter_groups {_filter_groups(cfg.algorithm.filter_groups)}",
         f"per step     {derived.required_samples(cfg)} groups ({derived.required_samples(cfg) * arr.rollout.n} responses); "
         f"sync every {at.trigger_parameter_sync_step} step(s) via {at.sync_transport}",
         f"staleness    threshold {at.staleness_threshold} -> at most {derived.max_required_samples(cfg)} groups "
@@ -45,3 +46,10 @@ def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
     if facts.get("resume") is not None:
         lines.append(f"checkpoint   {facts['resume'].describe()}")
     return "\n".join(lines)
+
+
+def _filter_groups(fg: Any) -> str:
+    if not fg.enable:
+        return "off"
+    bound = f"{fg.max_num_gen_batches} gen batches" if fg.max_num_gen_batches else "unbounded"
+    return f"on ({fg.metric}, {bound})"

@@ -21,6 +21,7 @@ staleness slot back, and its prompt is generated again later, at most
 (`rollout.health`); when none is left the run stops with the engine's error. Requests
 on the engines with no token and no group for `progress_timeout_s` stop the run too
 (`rollout.watchdog`: a wedged engine never answers, so no error ever comes).
+A group that `algorithm.filter_groups` drops (rollout/group_filter.py) frees its slot; its prompt is consumed.
 
 This is a plain asyncio class; the recipe wraps it in an async Ray actor.
 """
@@ -40,6 +41,7 @@ import torch
 
 from verl_async.protocol import Response, RolloutSample
 from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
+from verl_async.rollout.group_filter import GroupFilter
 from verl_async.rollout.health import EngineFailure, ReplicaHealth
 from verl_async.rollout.lengths_log import append_jsonl, lengths_record
 from verl_async.rollout.watchdog import ProgressWatchdog
@@ -141,6 +143,7 @@ class Rollouter:
         max_consecutive_engine_failures: int = 32,
         failed_log: Optional[str] = None,
         progress_timeout_s: Optional[float] = None,
+        group_filter: Optional[GroupFilter] = None,
     ) -> None:
         if not engines:
             raise ValueError("Rollouter needs at least one engine replica")
@@ -162,6 +165,7 @@ class Rollouter:
         self.health = ReplicaHealth(len(self.engines), max_consecutive_engine_failures)
         self.failed_log = failed_log
         self.progress_timeout_s = progress_timeout_s  # None: no progress watchdog (tests that do not need it)
+        self.group_filter = group_filter  # None: every scored group goes to the queue
         self.failed: list[dict[str, Any]] = []  # prompts given up on (uid, index, epoch, attempts, error)
         self.last_engine_error: Optional[str] = None
         self._retry: collections.deque[PromptTask] = collections.deque()  # dropped prompts to generate again
@@ -357,6 +361,9 @@ class Rollouter:
         if self.lengths_log:
             append_jsonl(self.lengths_log, lengths_record(sample, submit, finish))
         await self._open.wait()  # no put inside a sync: a checkpoint's queue and pending list agree
+        if self.group_filter is not None and not self.group_filter.keep(sample, self.version):
+            self.budget.on_abandon()  # filtered after the sync wait: a checkpoint sees it pending or consumed
+            return
         await self.sink.put(sample)
         self.counters.finished_groups += 1
 

@@ -23,6 +23,7 @@ from verl_async.models.loading import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.engine import InferenceEngine, SamplingParams
+from verl_async.rollout.group_filter import GroupFilter
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
@@ -175,6 +176,7 @@ class RolloutService:
         n = int(rollout_cfg.n)
         total = cfg.rollout.total_rollout_steps
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
+        self.group_filter = GroupFilter.from_config(cfg.algorithm.get("filter_groups"), required, run_dir)
         self.rollouter = Rollouter(
             engines=self.engines,
             prompts=self.source,
@@ -196,6 +198,7 @@ class RolloutService:
             failed_log=os.path.join(run_dir, "rollout", "failed_prompts.jsonl"),
             progress_timeout_s=progress_timeout_s(cfg.rollout.get("progress_timeout_s"), max(capacities),
                                                   int(rollout_cfg.prompt_length), int(rollout_cfg.response_length)),
+            group_filter=self.group_filter,
         )
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
@@ -217,6 +220,8 @@ class RolloutService:
             await self.queue.close.remote()
         out: dict[str, Any] = asdict(counters)
         out["replicas_out"] = {str(i): why for i, why in sorted(self.rollouter.health.out.items())}
+        if self.group_filter is not None:
+            out["filtered_groups"] = self.group_filter.filtered
         out.update(self.reward.summary())  # reward_scored, reward_errors (the end-of-run summary)
         return out
 
@@ -279,6 +284,8 @@ class RolloutService:
         out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
         out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)
         out.update(scheduling_metrics(self.rollouter, wall))
+        if self.group_filter is not None:
+            out.update(self.group_filter.metrics())
         out.update(self.reward.metrics())
         stats = self.dataset.stats
         out["data/bad_rows"] = float(stats.bad_rows)
@@ -307,7 +314,8 @@ class RolloutService:
         Pending holds the groups in flight, the prompts waiting to start or to be retried,
         and those pushed back by an earlier resume that have not started again. Only started
         ones are in `started_groups`; it is saved as if all pending had started, because
-        `load_state_dict` subtracts every prompt it pushes back.
+        `load_state_dict` subtracts every prompt it pushes back. Groups that `algorithm.filter_groups`
+        dropped are consumed: behind the cursor, not pending, and counted in `filtered`.
         """
         ro = self.rollouter
         unstarted = self.source.pending()
@@ -317,6 +325,7 @@ class RolloutService:
             "pending": pending,
             "version": ro.version,
             "started_groups": ro.counters.started_groups + ro.unstarted_pending() + len(unstarted),
+            "filtered": self.group_filter.state_dict() if self.group_filter is not None else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any], queued_uids: Iterable[str] = ()) -> int:
@@ -328,4 +337,6 @@ class RolloutService:
         self.rollouter.version = int(state.get("version", 0))
         # total_rollout_steps counts over the whole run: the redone prompts start again
         self.rollouter.counters.started_groups = int(state.get("started_groups", 0)) - len(redo)
+        if self.group_filter is not None:
+            self.group_filter.load_state_dict(state.get("filtered") or {})
         return len(redo)

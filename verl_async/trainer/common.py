@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from verl_async.sync import rank_weight_sync
-from verl_async.trainer.hf_export import write_hf_folder
+from verl_async.trainer.hf_export import HF_SUBDIR, save_config_and_tokenizer, write_hf_folder
 from verl_async.trainer.rank_results import no_reference_model
 from verl_async.trainer.token_budget import free_device_bytes, model_shape
 from verl_async.utils import device as device_layer
@@ -80,6 +80,11 @@ def eval_mode(module: torch.nn.Module, after: Callable[[], None]) -> Iterator[No
         after()
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The DTYPES key of `dtype` ("bfloat16"): how checkpoints record the dtype weights leave in."""
+    return next(name for name, value in DTYPES.items() if value == dtype)
+
+
 def weights_dtype(device: str, compute_dtype: str, dtype: Optional[str] = None) -> torch.dtype:
     """dtype of synced / exported weights: asked for, else float32 on CPU and the compute dtype elsewhere."""
     if dtype:
@@ -132,7 +137,8 @@ class RankBase:
         if self.rank == 0:
             with open(os.path.join(path, COMPLETE_MARKER), "w") as f:
                 json.dump({"global_step": self.global_step, "world_size": self.world_size,
-                           "model_path": self.settings.model_path, **(meta or {})}, f)
+                           "model_path": self.settings.model_path, "hf_dtype": dtype_name(self.sync_dtype()),
+                           **(meta or {})}, f)
 
     @staticmethod
     def _trainer_state_file(path: str) -> str:
@@ -181,6 +187,15 @@ class RankBase:
     def weight_sync_stream(self, transport: str, step: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
         """`weight_sync` for steps that yield (Ray streams only from generator functions)."""
         yield from rank_weight_sync(self, transport, step, *args, **kwargs)
+
+    def save_hf_beside(self, path: str) -> None:
+        """`path/huggingface` of a checkpoint (verl's layout): config and tokenizer always (the model merger
+        reads them), the weights too with `actor.checkpoint.save_contents` holding hf_model (collective then)."""
+        folder = os.path.join(path, HF_SUBDIR)
+        if self.settings.save_hf_model:
+            self.export_hf(folder)
+        elif self.rank == 0:
+            save_config_and_tokenizer(folder, self.hf_config, self.settings)
 
     def export_hf(self, path: str, dtype: Optional[str] = None) -> Optional[str]:
         """A plain HF folder (config, safetensors, tokenizer) that `from_pretrained` loads; rank 0 writes."""

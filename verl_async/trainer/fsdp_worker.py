@@ -370,14 +370,16 @@ class FSDPWorker(RankBase):
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str, extra: Optional[dict] = None) -> None:
-        """Sharded model + optimizer (torch.distributed.checkpoint), scheduler, step, RNG, `extra`."""
+        """Sharded model + optimizer (torch.distributed.checkpoint), scheduler, step, RNG, `extra`; `huggingface/`
+        (config, tokenizer, and the weights with save_contents hf_model), all before meta.json marks it complete."""
         import torch.distributed.checkpoint as dcp
 
+        self.save_hf_beside(path)
         self._load_if_offloaded()
         os.makedirs(path, exist_ok=True)
         model_sd, optim_sd = self._state_dicts()
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
-        self._save_trainer_state(path, self.lr_scheduler.state_dict(), extra)
+        self._save_trainer_state(path, self.lr_scheduler.state_dict(), extra, {"backend": "fsdp"})
         self._offload_if_asked()
 
     def load(self, path: str) -> dict:

@@ -135,6 +135,17 @@ def step_advantages(
     return advantages, metrics, next_coef
 
 
+def nonzero_advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> dict[str, float]:
+    """How many of the step's responses carry a learning signal: |advantage| > eps on some response token.
+
+    A GRPO group whose rewards are all equal has advantage 0 everywhere (what `algorithm.filter_groups`
+    keeps out of training). `eps` absorbs the rounding of a group mean of equal non-integer rewards.
+    """
+    nonzero = ((advantages.abs() > eps) & mask.bool()).any(dim=-1)
+    return {"critic/nonzero_adv_frac": float(nonzero.float().mean()) if nonzero.numel() else 0.0,
+            "critic/nonzero_adv_samples": float(nonzero.sum())}
+
+
 def correction_inputs(
     old: torch.Tensor, rollout: Optional[torch.Tensor], mask: torch.Tensor, settings: RolloutCorrectionSettings
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -195,6 +206,7 @@ def prepare_batch(
                                                          kl_coef)
     batch["advantages"] = advantages
     metrics.update(adv_metrics)
+    metrics.update(nonzero_advantage_metrics(advantages, mask))
     tensors, correction_metrics = correction_inputs(old, rollout if algo.recompute_old_log_probs else None, mask,
                                                     algo.correction)
     batch.update(tensors)

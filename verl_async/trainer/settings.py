@@ -183,6 +183,9 @@ class TrainerSettings:
     # reference model's log-probs. Not the rollout engine's (it has its own log-prob code)
     use_torch_compile: bool = False
     ref_use_torch_compile: bool = False
+    # actor.checkpoint.save_contents holds hf_model (verl's name): each checkpoint also gets actor/huggingface/
+    # with the weights (config and tokenizer are written there always, for verl_async.model_merger)
+    save_hf_model: bool = False
     extra: dict = field(default_factory=dict)
 
     # knobs that may change after init (by their actor key name)
@@ -299,6 +302,7 @@ class TrainerSettings:
             use_torch_compile=use_torch_compile,
             ref_use_torch_compile=(use_torch_compile if ref_compile is None
                                    else _bool(f"{ref}.use_torch_compile", ref_compile)),
+            save_hf_model="hf_model" in list(g(f"{a}.checkpoint.save_contents", []) or []),
         )
         settings.check()
         return settings

@@ -59,7 +59,8 @@ CONSOLE_KEYS = (
     "critic/score/mean", "critic/acc/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm",
     "actor/entropy", "fully_async/staleness/mean", "fully_async/queue_size", "timing_s/step",
     "timing_s/param_sync", "perf/trained_tokens_per_s", "fully_async/trainer_idle_ratio", "rollout/idle_ratio",
-    "val/mean@1/acc", "mismatch/train_rollout_logprob_abs_diff",
+    "val/mean@1/acc", "mismatch/train_rollout_logprob_abs_diff", "critic/nonzero_adv_frac",
+    "fully_async/filtered_groups",
 )
 
 

@@ -425,14 +425,24 @@ class MegatronWorker(RankBase):
                 sub.grad_scaler.load_state_dict(part["grad_scaler"])
 
     def save(self, path: str, extra: Optional[dict] = None) -> None:
-        """Per-rank files (model shard, optimizer shard, RNG) + trainer state; loading needs the same layout."""
+        """Per-rank files (model shard, optimizer shard, RNG) + trainer state; loading needs the same layout.
+
+        `megatron/names_pp{p}.json` maps each stage's local parameter names to global ones (the model merger
+        reads the shards without megatron-core); `huggingface/` as in RankBase.save_hf_beside.
+        """
+        from verl_async.trainer.megatron.model import global_names
+
+        self.save_hf_beside(path)
         with self._mode():
             self._load_if_offloaded(model=True, optimizer=True)
             folder = os.path.join(path, "megatron")
             os.makedirs(folder, exist_ok=True)
             if self.dp_rank == 0:
-                torch.save(self._module(self.model).state_dict(),
-                           os.path.join(folder, f"model_tp{self.tp_rank}_pp{self.pp_rank}.pt"))
+                module = self._module(self.model)
+                torch.save(module.state_dict(), os.path.join(folder, f"model_tp{self.tp_rank}_pp{self.pp_rank}.pt"))
+                if self.tp_rank == 0:
+                    with open(os.path.join(folder, f"names_pp{self.pp_rank}.json"), "w") as f:
+                        json.dump(global_names(module), f)
             torch.save(self._optimizer_state(), os.path.join(folder, f"optimizer_rank{self.rank}.pt"))
             self._save_trainer_state(path, self.scheduler.state_dict(), extra,
                                      {"backend": "megatron", "layout": self.ms.layout(self.dp_size)})
