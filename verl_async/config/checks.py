@@ -312,6 +312,14 @@ def model_paths(cfg: DictConfig) -> None:
 
 
 @check
+def multi_turn(cfg: DictConfig) -> None:
+    """Tool files load, tool names are unique, no P-DSR with multi-turn (verl_async/config/multi_turn.py)."""
+    from verl_async.config.multi_turn import check_multi_turn
+
+    check_multi_turn(cfg)
+
+
+@check
 def custom_reward_function(cfg: DictConfig) -> None:
     path = cfg.custom_reward_function.path
     if path and (path.endswith(".py") or _looks_local(path)) and not os.path.isfile(os.path.expanduser(path)):

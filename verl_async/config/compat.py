@@ -47,6 +47,7 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.model.lora_alpha": Compat(16, "LoRA is not supported"),
     "actor_rollout_ref.model.target_modules": Compat("all-linear", "LoRA is not supported"),
     "actor_rollout_ref.model.exclude_modules": Compat(None, "LoRA is not supported"),
+    "actor_rollout_ref.actor.fsdp_config.strategy": Compat("fsdp2", "actor_rollout_ref.actor.strategy chooses the trainer"),
     "actor_rollout_ref.actor.optim.override_optimizer_config": Compat({}, "only the Megatron trainer uses it", "megatron"),
     "actor_rollout_ref.actor.megatron.use_mbridge": Compat(False, "weights are converted by verl_async itself"),
     "actor_rollout_ref.actor.megatron.use_dist_checkpointing": Compat(False, "the model loads from actor_rollout_ref.model.path"),
@@ -55,6 +56,11 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.ref.megatron.dist_checkpointing_path": Compat(None),
     "actor_rollout_ref.rollout.mode": Compat("async", "generation is always asynchronous"),
     "actor_rollout_ref.rollout.calculate_log_probs": Compat(True, "rollout log-probs are always recorded"),
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": Compat(
+        False, "the trained tokens are always the ones the model generated"),
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": Compat(
+        "strict", "turns are tokenised once, as appended; nothing is re-tokenised to compare"),
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Compat(None, "use actor_rollout_ref.rollout.n"),
     "trainer.critic_warmup": Compat(0, "there is no critic"),
     "trainer.default_hdfs_dir": Compat(None),
     "trainer.del_local_ckpt_after_load": Compat(False),
@@ -71,6 +77,15 @@ COMPAT_KEYS: Dict[str, Compat] = {
 ALIASES: Tuple[Tuple[str, str], ...] = (
     ("ray_kwargs.ray_init.num_cpus", "ray_init.num_cpus"),
     ("ray_kwargs.timeline_json_file", "ray_init.timeline_json_file"),
+)
+
+# verl's newer spellings of keys whose old spelling has a non-null default: (newer, older). When the
+# newer one is set it wins (a script written for a newer verl sets only it).
+NEWER_SPELLINGS: Tuple[Tuple[str, str], ...] = (
+    ("reward.custom_reward_function.path", "custom_reward_function.path"),
+    ("reward.custom_reward_function.name", "custom_reward_function.name"),
+    ("reward.reward_manager.name", "reward_model.reward_manager"),
+    ("reward.num_workers", "reward_model.num_workers"),
 )
 
 _ABSENT = object()

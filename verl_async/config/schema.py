@@ -43,6 +43,9 @@ CORRECTION_LEVELS = ("token", "sequence", "geometric")
 CORRECTION_MODES = ("truncate", "clip", "mask")
 CORRECTION_VETO_RULES = ("old_prob", "ratio")  # == verl_async.algos.rollout_correction.VETO_RULES
 PDSR_CAP_MODES = ("l_cut", "probe")  # == verl_async.rollout.pdsr_policy.CAP_MODES
+TOOL_CALL_FORMATS = ("hermes",)  # == verl_async.rollout.tool_parser.PARSERS
+TRUNCATE_SIDES = ("left", "middle", "right")
+SANITY_CHECK_MODES = ("disable", "strict", "ignore_strippable")
 
 
 def rule(*, choices=None, ge=None, gt=None, le=None) -> Any:
@@ -185,6 +188,7 @@ class WrapPolicyConfig:
 
 @schema
 class FSDPConfig:
+    strategy: str = rule(choices=("fsdp", "fsdp2"))
     param_offload: bool
     optimizer_offload: bool
     offload_policy: bool
@@ -289,6 +293,23 @@ class ValKwargsConfig:
 
 
 @schema
+class MultiTurnConfig:
+    enable: bool
+    max_assistant_turns: Optional[int] = rule(ge=1)
+    max_user_turns: Optional[int] = rule(ge=1)
+    max_parallel_calls: int = rule(ge=1)
+    max_tool_response_length: int = rule(gt=0)
+    tool_response_truncate_side: str = rule(choices=TRUNCATE_SIDES)
+    tool_config_path: Optional[str]
+    function_tool_path: Optional[str]
+    format: str = rule(choices=TOOL_CALL_FORMATS)
+    tool_timeout_s: float = rule(gt=0)
+    use_inference_chat_template: bool
+    tokenization_sanity_check_mode: str = rule(choices=SANITY_CHECK_MODES)
+    num_repeat_rollouts: Optional[int]
+
+
+@schema
 class RolloutConfig:
     name: str = rule(choices=ROLLOUT_NAMES)
     mode: str
@@ -319,6 +340,7 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int = rule(gt=0)
+    multi_turn: MultiTurnConfig
     val_kwargs: ValKwargsConfig
     engine_kwargs: Dict[str, Any]
 
@@ -338,6 +360,26 @@ class ActorRolloutRefConfig:
 class CustomRewardFunctionConfig:
     path: Optional[str]
     name: str
+
+
+@schema
+class NewerCustomRewardFunctionConfig:
+    path: Optional[str]
+    name: Optional[str]
+
+
+@schema
+class RewardManagerNameConfig:
+    name: Optional[str] = rule(choices=REWARD_MANAGERS)
+
+
+@schema
+class RewardSectionConfig:
+    """verl's newer `reward.*` spelling; validate() copies it onto custom_reward_function / reward_model."""
+
+    custom_reward_function: NewerCustomRewardFunctionConfig
+    reward_manager: RewardManagerNameConfig
+    num_workers: Optional[int] = rule(ge=1)
 
 
 @schema
@@ -491,6 +533,7 @@ class RootConfig:
     data: DataConfig
     actor_rollout_ref: ActorRolloutRefConfig
     custom_reward_function: CustomRewardFunctionConfig
+    reward: RewardSectionConfig
     algorithm: AlgorithmConfig
     critic: Dict[str, Any]
     reward_model: RewardModelConfig

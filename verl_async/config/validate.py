@@ -19,7 +19,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from verl_async.config import schema as S
 from verl_async.config.checks import CHECKS
-from verl_async.config.compat import ALIASES, warn_compat_keys, warn_once
+from verl_async.config.compat import ALIASES, NEWER_SPELLINGS, warn_compat_keys, warn_once
 from verl_async.config.errors import ConfigError
 
 _MISSING = object()
@@ -149,6 +149,10 @@ def _normalize(cfg: DictConfig) -> None:
         if current is not None and current != value:
             raise ConfigError(src, f"{value!r} conflicts with {dst}={current!r}; set only one")
         OmegaConf.update(cfg, dst, value)
+    for src, dst in NEWER_SPELLINGS:
+        value = OmegaConf.select(cfg, src)
+        if value is not None:
+            OmegaConf.update(cfg, dst, value)
     actor = cfg.actor_rollout_ref.actor
     if actor.strategy == "fsdp":  # verl's FSDP1; verl_async has FSDP2 only
         warn_once("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.strategy=fsdp runs as fsdp2 (FSDP1 is not supported)")
