@@ -24,6 +24,8 @@ from verl_async.data import Draw, PromptDataset, PromptIterator
 from verl_async.models.loading import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
+from verl_async.rollout.agent_loop import ToolAgentLoop, reward_extra_info
+from verl_async.rollout.agent_stats import AgentStats
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
@@ -55,6 +57,7 @@ class DatasetPromptSource:
             data_source=item.data_source,
             ground_truth=item.ground_truth,
             extra_info=dict(item.extra_info or {}),
+            agent_name=item.agent_name,
         )
 
     def next(self) -> Optional[PromptTask]:
@@ -90,6 +93,7 @@ class RewardScorer:
             item.data_source,
             item.ground_truth,
             item.extra_info,
+            [reward_extra_info(item.extra_info, r) for r in responses] if any(r.agent_info for r in responses) else None,
         )
         return [(float(r.reward), dict(r.info)) for r in rewards]
 
@@ -152,8 +156,10 @@ class RolloutService:
         rollout_cfg = cfg.actor_rollout_ref.rollout
         model_cfg = cfg.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model_path, trust_remote_code=bool(model_cfg.trust_remote_code))
-        self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "train")
-        self.val_dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "val") if cfg.data.val_files else None
+        self.agent_loop = ToolAgentLoop.from_config(rollout_cfg, self.tokenizer)  # None: single-turn
+        tools = self.agent_loop.schemas if self.agent_loop else None
+        self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "train", tools=tools)
+        self.val_dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "val", tools=tools) if cfg.data.val_files else None
         epochs = int(cfg.rollout.total_epochs)
         self.iterator = PromptIterator(self.dataset, shuffle=bool(cfg.data.shuffle), seed=int(cfg.data.seed), total_epochs=epochs)
         self.source = DatasetPromptSource(self.iterator)
@@ -203,6 +209,7 @@ class RolloutService:
             failed_log=os.path.join(run_dir, "rollout", "failed_prompts.jsonl"),
             progress_timeout_s=progress_timeout_s(cfg.rollout.get("progress_timeout_s"), max(capacities),
                                                   int(rollout_cfg.prompt_length), int(rollout_cfg.response_length)),
+            agent_loop=self.agent_loop,
         )
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
@@ -280,6 +287,8 @@ class RolloutService:
         out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
         out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)
         out.update(scheduling_metrics(self.rollouter, wall))
+        if self.agent_loop is not None:
+            out.update(self.agent_loop.stats.metrics())
         out.update(self.reward.metrics())
         stats = self.dataset.stats
         out["data/bad_rows"] = float(stats.bad_rows)
@@ -302,12 +311,15 @@ class RolloutService:
         engines = [self.engines[i] for i in self.rollouter.health.serving()] or self.engines
         sem = asyncio.Semaphore(int(rollout_cfg.max_num_seqs) * len(engines))
         t0 = self.timeline.now()
+        agent_stats = AgentStats("val/multi_turn")
 
         async def one(item, j: int):
             async with sem:
                 engine = engines[(item.index * k + j) % len(engines)]
                 seeded = replace(sampling, seed=validation_seed(sampling.seed, item.index, j))
                 req = GenerateRequest(f"val-{version}-{item.index}-{j}", list(item.prompt_ids), seeded)
+                if self.agent_loop is not None:  # multi-turn: the whole trajectory, tools included
+                    return await self.agent_loop.run_request(engine, req, item, agent_stats)
                 return await engine.generate(req)
 
         items = list(self.val_dataset)
@@ -344,6 +356,8 @@ class RolloutService:
         }
         for source, values in by_source.items():
             out[f"val/{source}/acc"] = float(np.mean(values))
+        if self.agent_loop is not None:
+            out.update(agent_stats.metrics())
         return out
 
     # ------------------------------------------------------------------ resume
