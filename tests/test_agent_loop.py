@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from tests.agent_fakes import ScriptedToolEngine, call
+from tests.agent_fakes import ListSink, ListSource, ScriptedToolEngine, call, no_score
 from verl_async.models.tiny import build_char_tokenizer
 from verl_async.queue import MessageQueue
 from verl_async.rollout.agent_loop import MultiTurnSettings, ToolAgentLoop
@@ -33,7 +33,7 @@ class Tool(BaseTool):
     """Test tool: `behaviour(arguments)` is awaited for the answer; records lifecycles."""
 
     def __init__(self, name: str, behaviour, step_reward: float = 0.0, final_reward: float = 0.0):
-        super().__init__({}, None if False else _schema(name))
+        super().__init__({}, _schema(name))
         self.behaviour, self.step_reward, self.final_reward = behaviour, step_reward, final_reward
         self.created, self.released, self.kwargs = [], [], []
 
@@ -58,43 +58,13 @@ def _schema(name):
     return OpenAIFunctionToolSchema.model_validate({"type": "function", "function": {"name": name, "description": name}})
 
 
-class Source:
-    def __init__(self, items):
-        self.items, self.pos = list(items), 0
-
-    def next(self):
-        self.pos += 1
-        return self.items[self.pos - 1] if self.pos <= len(self.items) else None
-
-    def push_front(self, items):
-        self.items[self.pos:self.pos] = list(items)
-
-    def state_dict(self):
-        return {}
-
-
-class Sink:
-    def __init__(self):
-        self.groups = []
-
-    async def put(self, sample):
-        self.groups.append(sample)
-
-    async def size(self):
-        return 0
-
-
-async def no_score(item, responses):
-    return [(0.0, {}) for _ in responses]
-
-
 def build(script, tools, *, n=1, prompts=1, budget=400, token_delay=0.001, partial=True, engines=1,
           items=None, **settings):
     engine_list = [ScriptedToolEngine(TOK, script, token_delay=token_delay) for _ in range(engines)]
     loop = ToolAgentLoop({t.name: t for t in tools}, TOK, MultiTurnSettings(**settings), budget=budget)
-    sink = Sink()
+    sink = ListSink()
     items = items or [PromptTask(f"p{k}", k, 0, list(PROMPT)) for k in range(prompts)]
-    ro = Rollouter(engines=engine_list, prompts=Source(items), scorer=no_score, sink=sink, n=n,
+    ro = Rollouter(engines=engine_list, prompts=ListSource(items), scorer=no_score, sink=sink, n=n,
                    sampling=SamplingParams(max_tokens=budget, stop_token_ids=(EOS,), seed=0),
                    budget=StalenessBudget(100), partial_rollout=partial, max_inflight_groups=8, agent_loop=loop)
     return ro, loop, engine_list, sink

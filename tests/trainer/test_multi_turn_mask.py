@@ -157,3 +157,37 @@ def test_tool_token_logits_get_zero_gradient_and_change_no_loss(tiny_model, pack
         assert metrics_poisoned[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
     for key, value in rc.items():
         assert rc_poisoned[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batches_of_multi_turn_rows_add_up_to_the_mini_batch(mode):
+    """The update plan's normalisers count model tokens only; split any way, the shares sum to the whole."""
+    from verl_async.trainer.batching import plan_update, sequence_lengths
+
+    batch = _batch(vocab=200, seed=4, poison=False)
+    mask = batch["response_mask"]
+    gen = torch.Generator().manual_seed(5)
+    batch["old_log_probs"] = -torch.rand(mask.shape, generator=gen) * mask
+    batch["advantages"] = compute_advantages("grpo", batch["scores"], batch["group_index"], mask)
+    batch["loss_mask"] = mask
+    logp = (batch["old_log_probs"] + 0.2 * torch.randn(mask.shape, generator=gen)).requires_grad_(True)
+    cfg = LossConfig(loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0,
+                     entropy_coeff=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="kl")
+    p, r = sequence_lengths(batch)
+    assert r.tolist() == [8, 4, 9, 4]  # the layout counts tool tokens (they are forwarded)
+    (plan,) = plan_update(batch["group_index"], (p + r).tolist(), mask, mini_groups=2, epochs=1, shuffle=False,
+                          seed=0, dp=1, dynamic=True, micro_size=1, max_tokens=16)
+    assert plan.num_tokens == 17.0  # model tokens only
+    keys = ["loss_mask", "old_log_probs", "advantages"]
+    norm = dict(global_tokens=plan.num_tokens, global_seqs=plan.num_seqs, loss_scale_factor=16)
+    full, _ = actor_loss(logp, None, gather_rows(batch, range(4), keys), cfg, **norm)
+    (g_full,) = torch.autograd.grad(full, [logp])
+    total, grads = 0.0, torch.zeros_like(logp)
+    micro = plan.micro[0]
+    assert len(micro) > 1
+    for rows in micro:
+        loss, _ = actor_loss(logp[torch.tensor(rows)], None, gather_rows(batch, rows, keys), cfg, **norm)
+        total = total + loss
+        grads = grads + torch.autograd.grad(loss, [logp])[0]
+    assert float(total.detach()) == pytest.approx(float(full.detach()), rel=1e-5, abs=1e-7)
+    assert torch.allclose(grads, g_full, atol=1e-7) and float(grads[mask == 0].abs().max()) == 0.0
