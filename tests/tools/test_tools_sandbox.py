@@ -128,3 +128,27 @@ def test_tool_runs_are_concurrent_and_bounded_by_rate_limit():
 
     elapsed = asyncio.run(four())
     assert 1.2 <= elapsed < 2.4  # two at a time: two rounds of 0.6 s, not four, not one
+
+
+def test_cancelling_a_run_kills_its_process_and_removes_its_folder():
+    """The agent loop's tool timeout cancels the call: nothing may keep running."""
+    import glob
+    import tempfile
+
+    async def go():
+        task = asyncio.create_task(run_python("import os, time\nprint(os.getpid(), os.getcwd(), flush=True)\n"
+                                              "time.sleep(60)", SandboxLimits(wall_time_s=30.0, cpu_time_s=30)))
+        await asyncio.sleep(1.0)
+        before = set(glob.glob(os.path.join(tempfile.gettempdir(), "verl_async_sandbox_*")))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return before
+
+    before = asyncio.run(go())
+    assert before, "the run had not started"
+    left = set(glob.glob(os.path.join(tempfile.gettempdir(), "verl_async_sandbox_*")))
+    assert not (before & left)
+    time.sleep(0.2)
+    for line in os.popen("ps -eo args").read().splitlines():
+        assert "time.sleep(60)" not in line and "_sandbox_main" not in line

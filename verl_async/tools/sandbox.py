@@ -218,10 +218,19 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
             timed_out = True
             _kill_group(proc.pid)
             await proc.wait()
+        if timed_out or truncated:  # read to the end (it is dead): the pipe, and with it the transport, closes
+            try:
+                await asyncio.wait_for(proc.stdout.read(), timeout=5)
+            except asyncio.TimeoutError:  # something outside the group holds the pipe: leave it
+                pass
     except (BrokenPipeError, ConnectionResetError):  # it died before reading its code
         await proc.wait()
     except BaseException:  # cancelled (the agent loop's timeout, a stop): leave nothing running
         _kill_group(proc.pid)
+        try:  # reap it (SIGKILL: at once), so its pipes close with it
+            await asyncio.wait_for(proc.wait(), timeout=5)
+        except BaseException:  # noqa: BLE001 - cancelled again: the kill stands
+            pass
         raise
     finally:
         _kill_group(proc.pid)  # its children, if any escaped the hook
