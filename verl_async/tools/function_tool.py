@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Union
 
 from verl_async.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
