@@ -75,7 +75,9 @@ class QueueHandle:
 def script(uid, i, turn, context):
     if turn == 0:
         return "Let me use the tool. " + call("calculator", expression="6*7")
-    return "The answer is 42." if "<|im_start|>tool\n42<|im_end|>" in context else "no tool answer seen"
+    later = int(uid.split(":")[1]) if uid.startswith("0:") else 0  # training uids are epoch:index
+    pause = " Hm." * (5 * later)  # later prompts write longer second turns: they finish later
+    return pause + "The answer is 42." if "<|im_start|>tool\n42<|im_end|>" in context else "no tool answer seen"
 
 
 @pytest.fixture
@@ -109,14 +111,14 @@ def setup(tmp_path, monkeypatch):
     sys.modules.pop("scored_tools", None)
 
 
-def make_service(tmp_path, model_dir, engine, run="run", *extra):
+def make_service(tmp_path, model_dir, engine, run="run", *extra, custom_reward=True):
     cfg = validate(compose(overrides=[
         f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={tmp_path}/train.parquet",
         f"data.val_files={tmp_path}/val.parquet", "data.max_prompt_length=256", "data.max_response_length=300",
         "data.shuffle=false", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "async_training.staleness_threshold=10", f"trainer.default_local_dir={tmp_path / run}",
         f"{KEY}.enable=true", f"{KEY}.tool_config_path={tmp_path}/tools.yaml",
-        f"custom_reward_function.path={tmp_path}/reward.py", *extra,
+        *([f"custom_reward_function.path={tmp_path}/reward.py"] if custom_reward else []), *extra,
     ]))
     handle = QueueHandle()
     svc = RolloutService(cfg, handle, model_path=model_dir, run_dir=str(tmp_path / run), run_start=time.time(),
@@ -137,7 +139,7 @@ def test_tool_rewards_and_calc_reward_reach_the_reward_function(setup, tiny_mode
     for group in handle.groups:
         for r in group.responses:
             text = tok.decode(r.token_ids)
-            assert text.endswith("The answer is 42.<|im_end|>") and r.loss_mask.count(0) > 0
+            assert text.endswith(" Hm." * 5 * group.index + "The answer is 42.<|im_end|>") and r.loss_mask.count(0) > 0
             # 0.25 step reward + 2.0 from calc_reward + 0.01 * num_turns (4)
             assert r.reward == pytest.approx(2.29) and r.reward_info["acc"] == 1.0
     m = svc.metrics()
@@ -161,11 +163,13 @@ def test_a_trajectory_in_flight_at_a_checkpoint_is_regenerated_exactly_once(setu
     """Checkpoint while trajectories wait on tools; 'crash'; a new service resumes: every prompt exactly once."""
     tok = load_tokenizer(tiny_model_dir)
     first = ScriptedToolEngine(tok, script, token_delay=0.002)
-    svc, handle = make_service(setup, tiny_model_dir, first)
+    # the built-in scorer runs inline: groups reach the queue as their trajectories end (no scorer-pool start-up)
+    svc, handle = make_service(setup, tiny_model_dir, first, custom_reward=False)
 
     async def until_checkpoint():
         task = asyncio.create_task(svc.run())
-        while not handle.groups or not svc.rollouter.inflight_groups:
+        while not handle.groups:
+            assert not task.done(), task
             await asyncio.sleep(0.01)
         await svc.pause_for_sync()
         state = svc.state_dict()
@@ -181,7 +185,7 @@ def test_a_trajectory_in_flight_at_a_checkpoint_is_regenerated_exactly_once(setu
         svc.reward.close()
     assert queued and in_flight and not set(queued) & set(in_flight)
     second = ScriptedToolEngine(tok, script, token_delay=0.002)
-    resumed, handle2 = make_service(setup, tiny_model_dir, second, "run2")
+    resumed, handle2 = make_service(setup, tiny_model_dir, second, "run2", custom_reward=False)
     try:
         assert resumed.load_state_dict(state, queued_uids=queued) == len(in_flight)
         asyncio.run(asyncio.wait_for(resumed.run(), 60))

@@ -6,6 +6,7 @@ import collections
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,10 +120,18 @@ def test_async_run_trains_every_prompt_once_in_complete_groups(ray_session, tmp_
     assert not [t for t in tags if t.startswith("mismatch/")]
 
 
-def test_train_only_replays_saved_rollouts(ray_session, tmp_path, tiny_model_dir, data_files):
-    pattern = str(tmp_path / "dump" / "rollout_{rollout_id}.pt")
-    run_pipeline(tmp_path, tiny_model_dir, data_files, "debug.rollout_only=true", f"debug.save_rollout_data='{pattern}'")
-    assert len(trained_log(tmp_path)) == 4  # rollout-only still records what it produced
+@pytest.fixture(scope="module")
+def saved_rollouts(ray_session, tmp_path_factory, tiny_model_dir, data_files) -> str:
+    """The groups of a rollout-only run, saved per step (debug.save_rollout_data): the train-only tests' input."""
+    root = tmp_path_factory.mktemp("rollout_only")
+    pattern = str(root / "dump" / "rollout_{rollout_id}.pt")
+    run_pipeline(root, tiny_model_dir, data_files, "debug.rollout_only=true", f"debug.save_rollout_data='{pattern}'")
+    assert len(trained_log(root)) == 4  # rollout-only still records what it produced
+    return pattern
+
+
+def test_train_only_replays_saved_rollouts(ray_session, tmp_path, tiny_model_dir, data_files, saved_rollouts):
+    pattern = saved_rollouts
     outputs = []
     for tag in ("a", "b"):
         out = str(tmp_path / f"train_{tag}" / "step{rollout_id}_rank{rank}.pt")
@@ -140,6 +149,30 @@ def test_train_only_replays_saved_rollouts(ray_session, tmp_path, tiny_model_dir
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "identical" in result.stdout
+
+
+def test_train_only_checkpoints_and_resumes_like_a_normal_run(ray_session, tmp_path, tiny_model_dir, data_files,
+                                                              saved_rollouts):
+    """debug.load_rollout_data: the checkpoints of save_freq are written, and a second run resumes from them."""
+    folder = tmp_path / "rollouts"
+    folder.mkdir()
+    pattern = str(folder / "rollout_{rollout_id}.pt")
+
+    def provide(*steps: int) -> None:
+        for k in steps:
+            shutil.copy(saved_rollouts.format(rollout_id=k), pattern.format(rollout_id=k))
+
+    train_only = (f"debug.load_rollout_data='{pattern}'", "trainer.save_freq=1", "trainer.resume_mode=auto")
+    provide(0, 1)
+    first = run_pipeline(tmp_path, tiny_model_dir, data_files, *train_only)
+    assert first["trainer/steps"] == 2 and first["trainer/version"] == 1  # a sync every 2 steps
+    assert os.path.exists(tmp_path / "run" / "global_step_1" / "actor")
+    provide(2, 3)  # the same run directory, more data: the run resumes at step 2, version 1
+    second = run_pipeline(tmp_path, tiny_model_dir, data_files, *train_only)
+    assert second["trainer/steps"] == 4 and second["trainer/version"] == 2
+    assert os.path.exists(tmp_path / "run" / "global_step_2" / "actor")
+    saved = [[g["uid"] for g in groups] for groups in saved_groups(saved_rollouts, 4)]
+    assert [(e["step"], e["uids"]) for e in trained_log(tmp_path)] == list(enumerate(saved))
 
 
 def test_dead_engine_replica_stops_the_run_with_the_cause(ray_session, tmp_path, tiny_model_dir, data_files):

@@ -221,7 +221,7 @@ def test_run_with_an_always_raising_reward_function_fails_with_one_line(tmp_path
 
     train = str(tmp_path / "train.parquet")
     write_rows(builtin.generate_rows("train", 8, seed=3), train)
-    proc, _ = run_main(tmp_path, tiny_model_dir, (train, train), "", "trainer.val_before_train=false",
+    proc, _ = run_main(tmp_path, tiny_model_dir, (train, train), "null", "trainer.val_before_train=false",
                           f"custom_reward_function.path={scorer_file}", "custom_reward_function.name=always_raises",
                           "reward_model.max_error_rate=0.25", "reward_model.error_window=8")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]

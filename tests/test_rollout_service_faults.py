@@ -10,7 +10,8 @@ from tests.fakes import FakeEngine
 from verl_async.config import compose, validate
 from verl_async.data import builtin, write_rows
 from verl_async.rollout.rollouter import PromptTask
-from verl_async.rollout.service import RolloutService, ValidationError
+from verl_async.rollout.service import RolloutService
+from verl_async.rollout.validation import ValidationError
 
 K = 4
 

@@ -121,3 +121,22 @@ def test_the_sync_timeout_is_a_key_with_a_default_from_the_run():
     assert sync_timeout_s(cfg(partial_rollout=True, sync_timeout_s=None)) == 600.0
     assert sync_timeout_s(cfg(partial_rollout=False, sync_timeout_s=None)) == 600.0 + 2048
     assert sync_timeout_s(cfg(partial_rollout=False, sync_timeout_s=30)) == 30.0
+
+
+def test_a_dead_actor_behind_a_sync_is_the_runs_root_cause(ray_session):
+    """A replica that dies during a sync: SyncError names the step; the run's one line names the dead actor."""
+    import ray
+
+    from verl_async.errors import root_cause
+
+    @ray.remote
+    class Dies:
+        def pause_for_sync(self):
+            import os
+
+            os._exit(1)
+
+    driver = ObjectStoreSync(None, Dies.remote(), bucket_bytes=1 << 20, timeout_s=60)
+    with pytest.raises(SyncError, match="rollouter failed in pausing the rollouter") as caught:
+        driver.push(1)
+    assert root_cause(caught.value).startswith("ActorDiedError: ")

@@ -126,7 +126,7 @@ def test_push_keeps_the_pause_resume_protocol(monkeypatch):
             calls.append((step, receivers, version, bucket_bytes))
             return [{"buckets": 3, "bytes": 99, "receivers": {}}]
 
-    monkeypatch.setattr(CudaIpcSync, "wait", lambda self, refs, what, **_: dict(refs))  # the refs are the results here
+    monkeypatch.setattr(CudaIpcSync, "wait", lambda self, refs, what: dict(refs))  # the refs are the results here
     sync = CudaIpcSync(Group(), Rollouter(), bucket_bytes=64, timeout_s=5)
     out = sync.push(4, while_paused=lambda: calls.append("val") or {"val/x": 1.0})
     sync.push(5)

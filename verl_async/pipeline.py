@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from verl_async.models.builtin import resolve_model_path
 from verl_async.models.loading import load_tokenizer
 from verl_async.queue import MessageQueue
-from verl_async.config.derived import max_required_samples, required_samples
-from verl_async.errors import PipelineError
+from verl_async.config.derived import FINISH_TIMEOUT_RULE, max_required_samples, required_samples
+from verl_async.errors import PipelineError, root_cause
 from verl_async.rollout.service import RolloutService
 from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
 from verl_async.trainer.trainer import Trainer, load_rollout_groups
@@ -95,19 +95,15 @@ def _actor_cls(cls: type, **options: Any):
     return ray.remote(cls).options(**options)
 
 
-def _root_cause(exc: BaseException) -> str:
-    cause = getattr(exc, "cause", None)
-    while getattr(cause, "cause", None) is not None:
-        cause = cause.cause
-    return f"{type(cause or exc).__name__}: {cause or exc}"
-
-
-def _get(what: str, ref: Any, timeout: float) -> Any:
-    """ray.get of one setup/teardown call; its failure becomes "run failed: <what> failed: <root cause>"."""
+def _get(what: str, ref: Any, timeout: float, key: str = "trainer.worker_timeout_s") -> Any:
+    """ray.get of one setup/teardown call; its failure becomes "run failed: <what> failed: <root cause>",
+    its timeout "run failed: <what> did not finish within <timeout> s; raise <key>"."""
     try:
         return ray.get(ref, timeout=timeout)
     except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
-        raise PipelineError(f"{what} failed: {_root_cause(exc)}") from exc
+        raise PipelineError(f"{what} failed: {root_cause(exc)}") from exc
+    except ray.exceptions.GetTimeoutError as exc:
+        raise PipelineError(f"{what} did not finish within {timeout:.0f} s; raise {key}") from exc
 
 
 def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show_progress: bool = True, total_steps: Optional[int] = None) -> dict[str, Any]:
@@ -133,7 +129,7 @@ def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show
                                 handle.stop.remote()
                             except Exception:  # noqa: BLE001 - it may be dead too
                                 pass
-                    raise PipelineError(f"the {name} failed: {_root_cause(exc)}") from exc
+                    raise PipelineError(f"the {name} failed: {root_cause(exc)}") from exc
             try:
                 prog = ray.get(trainer.progress.remote(), timeout=30)
             except Exception:  # noqa: BLE001 - a dead trainer shows up in ray.wait next round
@@ -189,10 +185,16 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
         actors.append(trainer)
         version = _get("the resume", trainer.restore.remote(), timeout)
         _get("the first weight sync", trainer.push_weights.remote(False), timeout)  # version `version` on every replica
-        before = {}
+        timeouts = _get("the timeouts query", trainer.timeouts.remote(), timeout)
+        before: dict[str, Any] = {}
         if rollouter is not None and bool(cfg.trainer.val_before_train):
-            before = _get("the validation before training", trainer.validate.remote(), timeout)
-            print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
+            before, failure = _get("the validation before training", trainer.validate_before_training.remote(),
+                                   timeouts["validation_s"] + 60, key="trainer.val_timeout_s")
+            if failure:
+                print(f"warning: the validation before training (version {version}) failed, training goes on: "
+                      f"{failure}", flush=True)
+            elif before:
+                print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
         total_steps = None
         if rollouter is not None:
             prompts = int(ray.get(rollouter.total_prompts.remote(), timeout=timeout))
@@ -201,11 +203,12 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
         if rollouter is not None:
             refs["rollouter"] = rollouter.run.remote()
         results = wait_both(refs, trainer, {"trainer": trainer, "rollouter": rollouter}, total_steps=total_steps)
-        after = {}
-        if rollouter is not None:
-            after = _get("the final sync, validation and checkpoint", trainer.finish.remote(), timeout)
+        after = _get("the final sync, checkpoint and validation", trainer.finish.remote(), timeouts["finish_s"],
+                     key=f"trainer.finish_timeout_s ({FINISH_TIMEOUT_RULE})")
         if after:
             print(f"validation after training (version {results['trainer']['version']}): {_fmt(after)}", flush=True)
+        results["trainer"]["validation_failures"] = _get(
+            "the trainer summary", trainer.summary.remote(), timeout)["validation_failures"]  # finish's too
         return _summarise(run_dir, results, before, after, time.time() - run_start)
     finally:
         _teardown(actors, timeout=60)
@@ -226,7 +229,14 @@ def _teardown(actors: list[Any], timeout: float) -> None:
 
 def _fmt(metrics: dict[str, float]) -> str:
     keys = [k for k in metrics if k.startswith("val/mean@") or k.startswith("val/pass@")]
-    return ", ".join(f"{k}={metrics[k]:.3f}" for k in sorted(keys))
+    line = ", ".join(f"{k}={metrics[k]:.3f}" for k in sorted(keys))
+    missing = int(metrics.get("val/missing_samples", 0))
+    if missing:
+        why = [f"{int(metrics.get(key, 0))} {what}" for key, what in
+               (("val/failed_requests", "failed requests"), ("val/reward_errors", "failed scores"))
+               if metrics.get(key, 0)]
+        line += f" ({missing} of {int(metrics['val/requested_samples'])} validation samples missing: {', '.join(why)})"
+    return line
 
 
 def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: float) -> dict[str, Any]:
@@ -245,6 +255,10 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
         summary["trainer_busy_fraction"] = busy_fraction(spans, "trainer/driver", ("train", "logprob"), wall)
     for index, why in rollout.get("replicas_out", {}).items():
         print(f"warning: engine replica {index} was taken out of rotation: {why}", flush=True)
+    failures = results.get("trainer", {}).get("validation_failures", [])
+    if failures:
+        print(f"warning: {len(failures)} validation(s) failed and were skipped, training went on (versions "
+              f"{', '.join(str(f['version']) for f in failures)}; first error: {failures[0]['error']})", flush=True)
     if rollout.get("failed_prompts"):
         print(f"warning: {rollout['failed_prompts']} prompt(s) failed on every retry and were not trained "
               f"(list: {os.path.join(run_dir, 'rollout', 'failed_prompts.jsonl')})", flush=True)

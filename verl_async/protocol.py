@@ -141,7 +141,7 @@ class RolloutSample:
 
 
 def staleness(samples: Sequence[RolloutSample], trainer_version: int) -> list[int]:
-    """`trainer_version - min_version` per group (DESIGN.md staleness)."""
+    """`trainer_version - min_version` per group (docs/architecture.md "Staleness")."""
     return [trainer_version - s.min_version for s in samples]
 
 

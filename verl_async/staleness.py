@@ -1,4 +1,4 @@
-"""How far ahead the Rollouter may run (verl fully-async semantics, DESIGN.md "Staleness").
+"""How far ahead the Rollouter may run (verl fully-async semantics, docs/architecture.md "Staleness").
 
     max_required_samples = required_samples * trigger_parameter_sync_step * (1 + staleness_threshold)
 

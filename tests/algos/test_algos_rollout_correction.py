@@ -78,7 +78,7 @@ def _veto_case():
 
 
 def test_veto_default_rule_is_the_old_policy_probability():
-    """DESIGN.md / reference 004: veto a sequence holding a token with pi_old < threshold."""
+    """slime's rule (docs/architecture.md "Rollout correction"): veto a sequence holding a token with pi_old < threshold."""
     old, rollout = _veto_case()
     _, m, met = rollout_correction(old, rollout, VETO_MASK, veto_threshold=1e-6)
     # row 0: p = 1e-7 < 1e-6 -> vetoed although its ratio is exactly 1;

@@ -17,7 +17,7 @@ from ._checks import check_choice, check_finite, check_mask, check_same_shape, c
 
 LEVELS = ("token", "sequence", "geometric")
 MODES = ("truncate", "clip", "mask")
-# old_prob: DESIGN.md / slime (reference 004): a token the old policy itself finds almost impossible.
+# old_prob: slime's rule (docs/architecture.md "Rollout correction"): a token the old policy itself finds almost impossible.
 # ratio: verl's rollout_token_veto_threshold: a token whose weight pi_old / pi_rollout is tiny.
 VETO_RULES = ("old_prob", "ratio")
 
@@ -37,7 +37,7 @@ def vetoed_sequences(
 ) -> torch.Tensor:
     """`[B]` bool: sequences holding a valid token below `threshold`.
 
-    `old_prob` (the default, DESIGN.md): `pi_old(token) < threshold`, i.e. `old_logp <
+    `old_prob` (the default, slime's rule): `pi_old(token) < threshold`, i.e. `old_logp <
     log(threshold)`; such a token makes any ratio with it in the denominator unstable.
     `ratio` (verl): `pi_old / pi_rollout < threshold`, i.e. `log_ratio < log(threshold)`.
     Padding (`valid` false) never vetoes.
@@ -90,7 +90,7 @@ def rollout_correction(
     `rs_level` (default `level`) lies outside [rs_lower, rs_upper] (default: the IS
     bounds); at sequence/geometric level that is the whole sequence. `veto_threshold`
     drops every sequence holding a valid token whose old-policy probability is below
-    it (`veto_rule="old_prob"`, DESIGN.md) or, with `veto_rule="ratio"` (verl), whose
+    it (`veto_rule="old_prob"`, slime) or, with `veto_rule="ratio"` (verl), whose
     ratio `pi_old / pi_rollout` is below it; see `vetoed_sequences`.
     `batch_normalize` divides the weights by their mean over kept tokens (token
     level) or kept sequences (sequence level); it refuses the geometric level.

@@ -86,3 +86,29 @@ def auto_sync_transport(cfg: Any) -> str:
     instead of 1.0-1.2 s per sync of a 135M model on an H100), else object_store (every device and layout).
     Collective transports stay an explicit choice."""
     return "cuda_ipc" if cfg.trainer.device == "cuda" and cuda_ipc_problem(cfg) is None else "object_store"
+
+
+# trainer.val_timeout_s=null: every validation token at 100 tokens/s (however many replicas share them), >= 10 min.
+VAL_TIMEOUT_FLOOR_S = 600.0
+VAL_TIMEOUT_S_PER_TOKEN = 0.01
+VAL_TIMEOUT_RULE = "null: max(600 s, 0.01 s x validation prompts x val_kwargs.n x rollout.response_length)"
+FINISH_TIMEOUT_RULE = "null: 2 x trainer.worker_timeout_s for the final sync and checkpoint + the validation timeout"
+
+
+def validation_timeout_s(cfg: Any, val_prompts: int) -> float:
+    """How long one validation may take: `trainer.val_timeout_s`, or VAL_TIMEOUT_RULE when it is null."""
+    configured = cfg.trainer.get("val_timeout_s")
+    if configured is not None:
+        return float(configured)
+    rollout = cfg.actor_rollout_ref.rollout
+    tokens = int(val_prompts) * int(rollout.val_kwargs.n) * int(rollout.response_length)
+    return max(VAL_TIMEOUT_FLOOR_S, VAL_TIMEOUT_S_PER_TOKEN * tokens)
+
+
+def finish_timeout_s(cfg: Any, validation_s: float) -> float:
+    """How long the end of a run (final sync, checkpoint, validation) may take: `trainer.finish_timeout_s`, or
+    FINISH_TIMEOUT_RULE when it is null (`validation_s` is 0 when no final validation runs)."""
+    configured = cfg.trainer.get("finish_timeout_s")
+    if configured is not None:
+        return float(configured)
+    return 2.0 * float(cfg.trainer.worker_timeout_s) + float(validation_s)

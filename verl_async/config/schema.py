@@ -245,7 +245,7 @@ class ActorConfig:
     ppo_micro_batch_size: Optional[int] = rule(gt=0)  # verl's global micro-batch; converted to per-GPU
     ppo_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
     use_dynamic_bsz: bool
-    ppo_max_token_len_per_gpu: int = rule(gt=0)
+    ppo_max_token_len_per_gpu: Optional[int] = rule(gt=0)
     ppo_epochs: int = rule(ge=1)
     shuffle: bool
     grad_clip: float = rule(ge=0)
@@ -258,7 +258,7 @@ class ActorConfig:
     use_kl_loss: bool
     kl_loss_coef: float = rule(ge=0)
     kl_loss_type: str = rule(choices=KL_TYPES)
-    use_torch_compile: bool
+    use_torch_compile: Optional[bool]
     ulysses_sequence_parallel_size: int = rule(ge=1)
     entropy_from_logits_with_chunking: bool
     entropy_checkpointing: bool
@@ -273,11 +273,11 @@ class ActorConfig:
 @schema
 class RefConfig:
     strategy: str = rule(choices=STRATEGIES)
-    use_torch_compile: bool
+    use_torch_compile: Optional[bool]
     log_prob_micro_batch_size: Optional[int] = rule(gt=0)
     log_prob_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
     log_prob_use_dynamic_bsz: bool
-    log_prob_max_token_len_per_gpu: int = rule(gt=0)
+    log_prob_max_token_len_per_gpu: Optional[int] = rule(gt=0)
     ulysses_sequence_parallel_size: int = rule(ge=1)
     fsdp_config: RefFSDPConfig
 
@@ -329,7 +329,7 @@ class RolloutConfig:
     max_model_len: Optional[int] = rule(gt=0)
     max_num_seqs: int = rule(ge=1)
     kv_cache_tokens: Optional[int] = rule(gt=0)
-    enforce_eager: bool
+    enforce_eager: Optional[bool]
     free_cache_engine: bool
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
@@ -339,7 +339,7 @@ class RolloutConfig:
     log_prob_micro_batch_size: Optional[int] = rule(gt=0)
     log_prob_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
     log_prob_use_dynamic_bsz: bool
-    log_prob_max_token_len_per_gpu: int = rule(gt=0)
+    log_prob_max_token_len_per_gpu: Optional[int] = rule(gt=0)
     multi_turn: MultiTurnConfig
     val_kwargs: ValKwargsConfig
     engine_kwargs: Dict[str, Any]
@@ -442,6 +442,8 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int]
     ray_wait_register_center_timeout: int
     worker_timeout_s: float = rule(gt=0)
+    val_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py validation_timeout_s)
+    finish_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py finish_timeout_s)
     cpu_threads_per_worker: int = rule(ge=1)
     dry_run: bool
     esi_redundant_time: float

@@ -2,7 +2,7 @@
 
 `path` is an HF hub id or a local folder; nothing here downloads unless the hub is
 reachable and the id is not a local folder. `trust_remote_code` is off unless the
-user turns it on (DESIGN.md safety defaults).
+user turns it on (docs/architecture.md "Safety defaults").
 """
 
 from __future__ import annotations

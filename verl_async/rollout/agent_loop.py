@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 from verl_async.protocol import Response
 from verl_async.rollout.agent_stats import AgentStats, TrajectoryRecord
 from verl_async.rollout.chat_turns import ToolTurnTemplate
+from verl_async.rollout.engine import GenerateResult
 from verl_async.rollout.tool_parser import tool_parser
 from verl_async.rollout.tool_session import ToolSession
 
@@ -96,9 +97,18 @@ class Trajectory:
         self.loss_mask += [0] * len(ids)
 
 
-def reward_extra_info(extra_info: Mapping[str, Any], response: Response) -> dict:
-    """The `extra_info` the reward function gets for one response: the row's, plus what its trajectory reported."""
-    return {**dict(extra_info or {}), **response.agent_info} if response.agent_info else dict(extra_info or {})
+@dataclass
+class TrajectoryResult(GenerateResult):
+    """A validation trajectory as an engine result, with what the trajectory reported for the reward function."""
+
+    agent_info: dict = field(default_factory=dict)
+
+
+def reward_extra_info(extra_info: Mapping[str, Any], response: Any) -> dict:
+    """The `extra_info` the reward function gets for one response (a Response or TrajectoryResult):
+    the row's, plus what its trajectory reported (`agent_info`)."""
+    info = getattr(response, "agent_info", None)
+    return {**dict(extra_info or {}), **info} if info else dict(extra_info or {})
 
 
 class ToolAgentLoop:
@@ -170,14 +180,12 @@ class ToolAgentLoop:
             },
         )
 
-    async def run_request(self, engine: Any, request: Any, item: Any, stats: AgentStats) -> Any:
-        """A validation request as a whole trajectory on one engine: a GenerateResult holding every token.
+    async def run_request(self, engine: Any, request: Any, item: Any, stats: AgentStats) -> "TrajectoryResult":
+        """A validation request as a whole trajectory on one engine: its result holds every token.
 
         Each turn continues the trajectory on `engine` (a turn aborted by a sync is continued; an
         engine error ends it with that error, as a single-turn request's would).
         """
-        from verl_async.rollout.engine import GenerateResult
-
         error: list[str] = []
 
         async def turn(prefix: Optional[Response]) -> Optional[Response]:
@@ -200,9 +208,9 @@ class ToolAgentLoop:
 
         response = await self.run(turn, item, stats=stats)
         if response is None:
-            return GenerateResult(request.request_id, [], [], [], "abort", error=error[-1] if error else "failed")
-        return GenerateResult(request.request_id, response.token_ids, response.log_probs, response.versions,
-                              response.finish_reason)
+            return TrajectoryResult(request.request_id, [], [], [], "abort", error=error[-1] if error else "failed")
+        return TrajectoryResult(request.request_id, response.token_ids, response.log_probs, response.versions,
+                                response.finish_reason, agent_info=response.agent_info)
 
     def _active_tools(self, extra: Mapping[str, Any]) -> dict[str, Any]:
         """verl's per-row `extra_info.tool_selection`: only those tools answer (others are unknown to the row)."""

@@ -21,7 +21,7 @@ Definitions (binding for the Rollouter, the simulator and the metrics):
   so its cap is at least ``cap_factor`` times its own probe. ``None`` when k == B.
 * ``fast_cap = max(1, ceil(cap_factor * L_cut))``, and at most ``max_response_length``
   (a cap at the maximum can never trip the breaker). This rank-based cap
-  (``cap_mode="l_cut"``, the DESIGN default) is the same for every fast prompt;
+  (``cap_mode="l_cut"``, the default) is the same for every fast prompt;
   ``cap_mode="probe"`` caps each fast prompt at ``cap_factor`` times its OWN probe
   (the notes' first variant, kept for comparison).
 * breaker rate = moved responses / responses run under the cap on fast replicas

@@ -5,7 +5,7 @@ drives it with the Rollouter's real requests (``Rollouter.generate_one``), so en
 errors, retries, partial-rollout abort/continue across weight syncs and per-token
 versions are handled exactly as for the plain policy.
 
-Per batch of admitted prompts (DESIGN.md "Long-tail scheduling (P-DSR)"):
+Per batch of admitted prompts (docs/architecture.md "Long-tail scheduling (P-DSR)"):
 
 1. probe: response 0 of every prompt, on any replica (least loaded by capacity);
 2. when the batch is closed and all its probes are done, rank by probe length

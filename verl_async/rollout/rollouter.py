@@ -1,6 +1,6 @@
 """The Rollouter: prompts in, complete scored groups out, never too far ahead.
 
-It admits a prompt only while the staleness budget allows (DESIGN.md formula), runs
+It admits a prompt only while the staleness budget allows (docs/architecture.md "Staleness"), runs
 its `n` responses on the engine replicas, scores the group and puts ONE
 `RolloutSample` into the queue. A weight sync pauses it:
 

@@ -2,7 +2,8 @@
 
 `RolloutService` builds the plain `Rollouter` from the config and adds what the
 pipeline needs around it: the rollout side of weight sync (one call, verl_async/sync/),
-validation, and the state
+validation (a `Validator`, verl_async/rollout/validation.py, on the same engines and reward
+manager), and the state
 that makes a resumed run train every prompt exactly once (dataset cursor + the
 prompts that were taken but not yet queued).
 """
@@ -14,23 +15,26 @@ import collections
 import logging
 import os
 import time
-import zlib
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any, Iterable, Mapping, Optional, Sequence
-
-import numpy as np
 
 from verl_async.data import Draw, PromptDataset, PromptIterator
 from verl_async.models.loading import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.agent_loop import ToolAgentLoop, reward_extra_info
-from verl_async.rollout.agent_stats import AgentStats
-from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
+from verl_async.rollout.engine import InferenceEngine, SamplingParams
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
-from verl_async.config.derived import colocated_device_ids, max_required_samples, required_samples, rollout_replicas
+from verl_async.config.derived import (
+    colocated_device_ids,
+    max_required_samples,
+    required_samples,
+    rollout_replicas,
+    validation_timeout_s,
+)
+from verl_async.rollout.validation import Validator
 from verl_async.rollout.watchdog import progress_timeout_s
 from verl_async.staleness import StalenessBudget
 from verl_async.sync import rollout_weight_sync
@@ -111,17 +115,6 @@ class QueueSink:
         return int(await self.queue.size.remote())
 
 
-class ValidationError(RuntimeError):
-    """No validation response was generated: there is no accuracy to report."""
-
-
-def validation_seed(seed: Optional[int], index: int, sample: int) -> Optional[int]:
-    """One seed per validation sample: with one seed per prompt its k samples were identical (pass@k == mean@k)."""
-    if seed is None:
-        return None
-    return zlib.crc32(f"{seed}/val/{index}/{sample}".encode()) & 0x7FFFFFFF
-
-
 def sampling_from(rollout_cfg: Any, eos_ids: Sequence[int], *, validation: bool = False) -> SamplingParams:
     src = rollout_cfg.val_kwargs if validation else rollout_cfg
     do_sample = bool(src.get("do_sample", True))
@@ -183,7 +176,6 @@ class RolloutService:
             engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities])
         self.engines = list(engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
-        self.eos_ids = eos
         self.limit = max_required_samples(cfg)
         n = int(rollout_cfg.n)
         total = cfg.rollout.total_rollout_steps
@@ -214,6 +206,11 @@ class RolloutService:
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
                         ", ".join(f"{i}:{c} seqs" for i, c in enumerate(capacities)))
+        self.validator = None if self.val_dataset is None else Validator(
+            self.val_dataset, self.reward, sampling_from(rollout_cfg, eos, validation=True),
+            k=int(rollout_cfg.val_kwargs.n), max_num_seqs=int(rollout_cfg.max_num_seqs), timeline=self.timeline,
+            timeout_s=validation_timeout_s(cfg, len(self.val_dataset)), agent_loop=self.agent_loop,
+        )
         self._run_started = time.monotonic()
 
     # ------------------------------------------------------------------ the loop
@@ -297,68 +294,15 @@ class RolloutService:
 
     # ------------------------------------------------------------------ validation
     async def validate(self, version: int) -> dict[str, float]:
-        """mean@k and pass@k of the scorer on data.val_files, with rollout.val_kwargs sampling.
-
-        Only responses that exist are scored: failed requests are counted
-        (`val/failed_requests`), a prompt with none is left out, and a validation without
-        any response raises (an accuracy of 0 would claim a model that answers wrong).
-        """
-        if self.val_dataset is None:
+        """val/* metrics on data.val_files ({} without them), on the replicas in rotation (all when none is)."""
+        if self.validator is None:
             return {}
-        rollout_cfg = self.cfg.actor_rollout_ref.rollout
-        k = int(rollout_cfg.val_kwargs.n)
-        sampling = sampling_from(rollout_cfg, self.eos_ids, validation=True)
-        engines = [self.engines[i] for i in self.rollouter.health.serving()] or self.engines
-        sem = asyncio.Semaphore(int(rollout_cfg.max_num_seqs) * len(engines))
-        t0 = self.timeline.now()
-        agent_stats = AgentStats("val/multi_turn")
+        return await self.validator.run([self.engines[i] for i in self.rollouter.health.serving()] or self.engines,
+                                        version)
 
-        async def one(item, j: int):
-            async with sem:
-                engine = engines[(item.index * k + j) % len(engines)]
-                seeded = replace(sampling, seed=validation_seed(sampling.seed, item.index, j))
-                req = GenerateRequest(f"val-{version}-{item.index}-{j}", list(item.prompt_ids), seeded)
-                if self.agent_loop is not None:  # multi-turn: the whole trajectory, tools included
-                    return await self.agent_loop.run_request(engine, req, item, agent_stats)
-                return await engine.generate(req)
-
-        items = list(self.val_dataset)
-        results = await asyncio.gather(*(one(item, j) for item in items for j in range(k)))
-        errors = [r.error for r in results if r.error is not None]
-        if results and len(errors) == len(results):
-            raise ValidationError(f"validation at version {version}: all {len(results)} generation requests failed "
-                                  f"(first error: {errors[0]})")
-        if errors:
-            logger.warning("validation at version %d: %d of %d generation requests failed (first error: %s); "
-                           "metrics cover the responses that exist", version, len(errors), len(results), errors[0])
-        scores, accs, lengths = [], [], []
-        by_source: dict[str, list[float]] = collections.defaultdict(list)
-        for i, item in enumerate(items):
-            group = [r for r in results[i * k : (i + 1) * k] if r.error is None]
-            if not group:
-                continue
-            rewards = await asyncio.to_thread(
-                self.reward.score_group, [r.token_ids for r in group], item.data_source, item.ground_truth, item.extra_info
-            )
-            s = [float(r.info.get("score", r.reward)) for r in rewards]
-            a = [float(r.info.get("acc", float(r.reward > 0))) for r in rewards]
-            scores.append(s)
-            accs.append(a)
-            lengths += [len(r.token_ids) for r in group]
-            by_source[item.data_source].append(float(np.mean(a)))
-        self.timeline.record("rollout/validation", "validate", t0, self.timeline.now(), version)
-        out = {
-            f"val/mean@{k}/score": float(np.mean(scores)),
-            f"val/mean@{k}/acc": float(np.mean(accs)),
-            f"val/pass@{k}/acc": float(np.mean([max(a) for a in accs])),
-            "val/response_length/mean": float(np.mean(lengths)),
-            "val/failed_requests": float(len(errors)),
-        }
-        for source, values in by_source.items():
-            out[f"val/{source}/acc"] = float(np.mean(values))
-        if self.agent_loop is not None:
-            out.update(agent_stats.metrics())
-        return out
+    def validation_timeout_s(self) -> float:
+        """How long one validation may take (0 without data.val_files): the Trainer waits that long."""
+        return 0.0 if self.validator is None else self.validator.timeout_s
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict:

@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--restart", type=_bool)
     d.add_argument("--pdsr-batch-size", type=int, dest="batch_size")
     d.add_argument("--probe-on-heavy", type=_bool)
-    d.add_argument("--fast-steal-heavy", type=_bool, help="variant, not in DESIGN: idle fast replicas take heavy work")
+    d.add_argument("--fast-steal-heavy", type=_bool, help="variant, not P-DSR as documented: idle fast replicas take heavy work")
     m = p.add_argument_group("modes and output")
     m.add_argument("--policy", default="sync,async,pdsr", help=f"comma list of {POLICIES}")
     m.add_argument("--sweep", action="store_true")

@@ -20,13 +20,13 @@ KV_ADMISSION = ("reserve", "actual")
 class PDSRConfig:
     offload_ratio: float = 0.2
     cap_factor: float = 1.5
-    cap_mode: str = "l_cut"              # l_cut (DESIGN) | probe (cap per prompt's own probe)
+    cap_mode: str = "l_cut"              # l_cut (the documented rule) | probe (cap per prompt's own probe)
     heavy_replicas: int = 1              # the LAST heavy_replicas replica indices are heavy
     fast_max_num_seqs: int | None = None  # None: max_num_seqs
     restart: bool = False                # moved responses restart instead of continuing
     batch_size: int | None = None        # prompts per P-DSR batch; None: required_samples
     probe_on_heavy: bool = True          # heavy replicas also run probes (after heavy work)
-    fast_steal_heavy: bool = False       # NOT in DESIGN: idle fast replicas also take heavy work
+    fast_steal_heavy: bool = False       # not P-DSR as documented: idle fast replicas also take heavy work
     truth: str = "mean"                  # top-k precision ground truth: mean | max
 
 

@@ -1,7 +1,7 @@
 """Dispatch policies: how a submitted batch of groups becomes replica jobs.
 
 ``plain``: all n responses of a group go to the shared pool served by every
-replica. ``pdsr``: probe -> rank -> offload/cap -> breaker (DESIGN.md "Long-tail
+replica. ``pdsr``: probe -> rank -> offload/cap -> breaker (docs/architecture.md "Long-tail
 scheduling"), using the pure planner in :mod:`verl_async.rollout.pdsr`.
 Chosen by name from :data:`DISPATCHERS`.
 """

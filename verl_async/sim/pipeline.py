@@ -1,6 +1,6 @@
 """The discrete-event pipeline: Rollouter gate, replicas, MessageQueue, Trainer, sync.
 
-Semantics (DESIGN.md "Staleness", "Parameter sync and partial rollout"):
+Semantics (docs/architecture.md "Staleness", "Partial rollout"):
 
 * The Rollouter submits groups while its count (groups submitted under the current
   parameter version) is below ``max_required_samples``, the queue has room

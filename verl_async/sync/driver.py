@@ -6,8 +6,8 @@ actor, which fans each step out to the engine replicas). A transport only define
 `transfer(version)`; pausing, resuming, the timings and the waits with deadlines are here.
 
 Failures never hang: every wait has `timeout_s`, and a failure surfaces as `SyncError` naming
-the member (a trainer rank or the rollout side) and the step; only a dead actor behind the
-Rollouter's own pause/resume raises Ray's error unchanged, so the run names the actor that died.
+the member (a trainer rank or the rollout side) and the step; when an actor died behind it, the
+error keeps Ray's as its `cause`, so the run's message names the actor that died.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ class SyncDriver(abc.ABC):
         self._broken: Optional[str] = None
 
     # -------------------------------------------------------------- waiting
-    def wait(self, refs: dict[str, Any], what: str, *, rollouter_call: bool = False) -> dict[str, Any]:
+    def wait(self, refs: dict[str, Any], what: str) -> dict[str, Any]:
         """Wait for named refs; the first failure or the deadline raises SyncError naming who and what.
 
-        `rollouter_call` (pause, resume: the Rollouter's own protocol): a dead actor behind it raises
-        Ray's own error unchanged, so the run's message names the actor that died.
+        When an actor died behind the failure (an engine replica, a rank), the SyncError keeps Ray's
+        error as its `cause`, so the run's one-line message (errors.root_cause) names the actor that died.
         """
         import ray
 
@@ -56,9 +56,10 @@ class SyncDriver(abc.ABC):
                     out[name] = ray.get(ref, timeout=left)
                 except Exception as exc:  # noqa: BLE001 - re-raised as SyncError naming the member
                     self._broken = f"{name} failed in {what}"
-                    if rollouter_call and isinstance(exc, ray.exceptions.RayActorError):
-                        raise
-                    raise SyncError(f"parameter sync: {name} failed in {what}: {type(exc).__name__}: {exc}") from exc
+                    error = SyncError(f"parameter sync: {name} failed in {what}: {type(exc).__name__}: {exc}")
+                    if isinstance(exc, ray.exceptions.RayActorError):
+                        error.cause = exc
+                    raise error from exc
         except WaitTimeout as late:
             self._broken = f"{what} timed out on {late.pending}"
             raise SyncError(f"parameter sync: {what} did not finish on {late.pending} within {self.timeout_s:.0f}s "
@@ -78,15 +79,14 @@ class SyncDriver(abc.ABC):
     def push(self, version: int, while_paused: Optional[Callable[[], dict]] = None) -> dict[str, float]:
         """One full sync to `version`; `while_paused` runs after the load, before generation resumes."""
         t0 = time.perf_counter()
-        self.wait({"rollouter": self.rollouter.pause_for_sync.remote()}, "pausing the rollouter", rollouter_call=True)
+        self.wait({"rollouter": self.rollouter.pause_for_sync.remote()}, "pausing the rollouter")
         t1 = time.perf_counter()
         moved = self.transfer(version)
         self.check_coverage(version)
         t2 = time.perf_counter()
         extra = while_paused() if while_paused is not None else {}
         t3 = time.perf_counter()
-        self.wait({"rollouter": self.rollouter.resume_after_sync.remote(version)}, "resuming the rollouter",
-                  rollouter_call=True)
+        self.wait({"rollouter": self.rollouter.resume_after_sync.remote(version)}, "resuming the rollouter")
         t4 = time.perf_counter()
         out = {
             "timing_s/sync_pause": t1 - t0,

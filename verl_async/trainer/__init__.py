@@ -1,8 +1,9 @@
 """Trainer engine room: the FSDP2 worker group and what it is made of.
 
 `FSDPWorkerGroup` (Ray actors, one per device) is what the pipeline's Trainer drives;
-`FSDPWorker` is one rank as a plain class; `batching` plans the data path, `loss` is
-the per-micro-batch actor loss, `checkpoint` the folder layout and rotation.
+`FSDPWorker` is one rank as a plain class; `prepare` is a step's algorithm on the driver
+(old/ref log-probs, KL, advantages, rollout correction), `batching` plans the data path,
+`loss` is the per-micro-batch actor loss, `checkpoint` the folder layout and rotation.
 """
 
 from verl_async.versions import check_transformers

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from verl_async.sync import rank_weight_sync
 from verl_async.trainer.hf_export import write_hf_folder
 from verl_async.trainer.rank_results import no_reference_model
+from verl_async.trainer.token_budget import free_device_bytes, model_shape
 from verl_async.utils import device as device_layer
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -149,6 +150,12 @@ class RankBase:
         if os.path.exists(rng_file):
             set_rng_state(torch.load(rng_file, weights_only=False))
         return state
+
+    def memory_report(self) -> dict[str, Any]:
+        """Free device memory now (model and optimizer built) and the model's shape: the driver sizes the
+        micro-batch token budgets the config left null from it (token_budget.py)."""
+        free = free_device_bytes(self.settings.device)
+        return {} if free is None else {"free_bytes": free, **model_shape(self.hf_config)}
 
     def set_options(self, overrides: dict[str, Any]) -> None:
         self.settings = self.settings.with_overrides(overrides)

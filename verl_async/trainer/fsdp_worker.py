@@ -94,7 +94,7 @@ class FSDPWorker(RankBase):
         self._offload_if_asked()
         n_params = sum(p.numel() for p in self.model.parameters())
         return {"rank": self.rank, "params": int(n_params), "attn_implementation": self.attn_implementation,
-                "device": str(self.device.torch_device)}
+                "device": str(self.device.torch_device), "memory": self.memory_report()}
 
     def _mp_policy(self):
         from torch.distributed.fsdp import MixedPrecisionPolicy

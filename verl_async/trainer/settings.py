@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from verl_async.algos.logprob import logprob_temperature
+from verl_async.trainer.token_budget import CPU_TOKENS
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -46,6 +47,13 @@ def _positive(path: str, value: Any, *, allow_zero: bool = False) -> int:
     if value is None or isinstance(value, bool) or int(value) != value or value < (0 if allow_zero else 1):
         raise ValueError(f"{path} must be a {'non-negative' if allow_zero else 'positive'} integer, got {value!r}")
     return int(value)
+
+
+def _budget(path: str, value: Any, device: str) -> Optional[int]:
+    """A micro-batch token budget; null: 4096 on CPU, sized to the device's free memory elsewhere (token_budget.py)."""
+    if value is None:
+        return CPU_TOKENS if device == "cpu" else None
+    return _positive(path, value)
 
 
 def _bool(path: str, value: Any) -> bool:
@@ -95,6 +103,17 @@ class RolloutCorrectionSettings:
     veto_rule: str = "old_prob"
     batch_normalize: bool = False
 
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "RolloutCorrectionSettings":
+        """`actor_rollout_ref.actor.rollout_correction` of the full config (worker group and Trainer read it so)."""
+        key = "actor_rollout_ref.actor.rollout_correction"
+        rc = _get(cfg, key, {}) or {}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(rc) - known
+        if unknown:
+            raise ValueError(f"{key} has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**dict(rc))
+
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `verl_async.algos.rollout_correction`."""
         d = dataclasses.asdict(self)
@@ -132,7 +151,7 @@ class TrainerSettings:
     ppo_mini_batch_size: int  # groups (prompts) per optimizer step; x rollout_n responses
     ppo_micro_batch_size_per_gpu: int
     use_dynamic_bsz: bool
-    ppo_max_token_len_per_gpu: int
+    ppo_max_token_len_per_gpu: Optional[int]  # None until the worker group sizes it to the device (token_budget.py)
     ppo_epochs: int
     shuffle: bool
     grad_clip: Optional[float]
@@ -152,10 +171,10 @@ class TrainerSettings:
     temperature: float
     log_prob_micro_batch_size_per_gpu: int
     log_prob_use_dynamic_bsz: bool
-    log_prob_max_token_len_per_gpu: int
+    log_prob_max_token_len_per_gpu: Optional[int]
     ref_log_prob_micro_batch_size_per_gpu: int
     ref_log_prob_use_dynamic_bsz: bool
-    ref_log_prob_max_token_len_per_gpu: int
+    ref_log_prob_max_token_len_per_gpu: Optional[int]
     # Ray
     worker_timeout_s: float
     max_ckpt_to_keep: Optional[int]
@@ -172,7 +191,8 @@ class TrainerSettings:
         "ppo_mini_batch_size", "ppo_epochs", "shuffle", "grad_clip", "clip_ratio_low", "clip_ratio_high",
         "clip_ratio_c", "entropy_coeff", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "use_remove_padding",
         "temperature", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
-        "log_prob_max_token_len_per_gpu", "rollout_correction", "grad_accum_no_sync",
+        "log_prob_max_token_len_per_gpu", "ref_log_prob_max_token_len_per_gpu", "rollout_correction",
+        "grad_accum_no_sync",
     )
 
     @property
@@ -209,17 +229,14 @@ class TrainerSettings:
             raise ValueError(f"{a}.optim.betas must hold two numbers, got {optim.betas!r}")
         if not 0.0 <= optim.min_lr_ratio <= 1.0:
             raise ValueError(f"{a}.optim.min_lr_ratio must be in [0, 1], got {optim.min_lr_ratio}")
-        rc = g(f"{a}.rollout_correction", {}) or {}
-        rc_fields = {f.name for f in dataclasses.fields(RolloutCorrectionSettings)}
-        unknown = set(rc) - rc_fields
-        if unknown:
-            raise ValueError(f"{a}.rollout_correction has unknown keys {sorted(unknown)}; known: {sorted(rc_fields)}")
+        rollout_correction = RolloutCorrectionSettings.from_config(cfg)
         loss_mode = g(f"{a}.policy_loss.loss_mode", "vanilla")
         _choice(f"{a}.policy_loss.loss_mode", loss_mode, ("vanilla",))
         grad_clip = g(f"{a}.grad_clip", 1.0)
         mp = g(f"{a}.fsdp_config.mixed_precision", {}) or {}
         use_kl_loss = bool(g(f"{a}.use_kl_loss", False))
-        use_torch_compile = _bool(f"{a}.use_torch_compile", g(f"{a}.use_torch_compile", False))
+        compile_asked = g(f"{a}.use_torch_compile", None)  # null: on for CUDA (measured faster), off elsewhere
+        use_torch_compile = device == "cuda" if compile_asked is None else _bool(f"{a}.use_torch_compile", compile_asked)
         ref_compile = g(f"{ref}.use_torch_compile", None)
         settings = cls(
             device=device,
@@ -248,8 +265,8 @@ class TrainerSettings:
             ppo_micro_batch_size_per_gpu=_positive(f"{a}.ppo_micro_batch_size_per_gpu",
                                                    g(f"{a}.ppo_micro_batch_size_per_gpu", 1)),
             use_dynamic_bsz=bool(g(f"{a}.use_dynamic_bsz", False)),
-            ppo_max_token_len_per_gpu=_positive(f"{a}.ppo_max_token_len_per_gpu",
-                                                g(f"{a}.ppo_max_token_len_per_gpu", 16384)),
+            ppo_max_token_len_per_gpu=_budget(f"{a}.ppo_max_token_len_per_gpu",
+                                              g(f"{a}.ppo_max_token_len_per_gpu", None), device),
             ppo_epochs=_positive(f"{a}.ppo_epochs", g(f"{a}.ppo_epochs", 1)),
             shuffle=bool(g(f"{a}.shuffle", False)),
             grad_clip=None if grad_clip is None or float(grad_clip) <= 0 else float(grad_clip),
@@ -262,7 +279,7 @@ class TrainerSettings:
             kl_loss_coef=float(g(f"{a}.kl_loss_coef", 0.001)),
             kl_loss_type=_choice(f"{a}.kl_loss_type", g(f"{a}.kl_loss_type", "low_var_kl"), KL_TYPES),
             need_ref=use_kl_loss or bool(g("algorithm.use_kl_in_reward", False)),
-            rollout_correction=RolloutCorrectionSettings(**{k: v for k, v in dict(rc).items()}),
+            rollout_correction=rollout_correction,
             optim=optim,
             response_length=(int(g(f"{r}.response_length")) if g(f"{r}.response_length", None) else None),
             # greedy rollouts (do_sample=false) carry T=1 log-probs: recompute those
@@ -270,13 +287,13 @@ class TrainerSettings:
             log_prob_micro_batch_size_per_gpu=_positive(
                 f"{r}.log_prob_micro_batch_size_per_gpu", g(f"{r}.log_prob_micro_batch_size_per_gpu", 8)),
             log_prob_use_dynamic_bsz=bool(g(f"{r}.log_prob_use_dynamic_bsz", False)),
-            log_prob_max_token_len_per_gpu=_positive(
-                f"{r}.log_prob_max_token_len_per_gpu", g(f"{r}.log_prob_max_token_len_per_gpu", 16384)),
+            log_prob_max_token_len_per_gpu=_budget(
+                f"{r}.log_prob_max_token_len_per_gpu", g(f"{r}.log_prob_max_token_len_per_gpu", None), device),
             ref_log_prob_micro_batch_size_per_gpu=_positive(
                 f"{ref}.log_prob_micro_batch_size_per_gpu", g(f"{ref}.log_prob_micro_batch_size_per_gpu", 8)),
             ref_log_prob_use_dynamic_bsz=bool(g(f"{ref}.log_prob_use_dynamic_bsz", False)),
-            ref_log_prob_max_token_len_per_gpu=_positive(
-                f"{ref}.log_prob_max_token_len_per_gpu", g(f"{ref}.log_prob_max_token_len_per_gpu", 16384)),
+            ref_log_prob_max_token_len_per_gpu=_budget(
+                f"{ref}.log_prob_max_token_len_per_gpu", g(f"{ref}.log_prob_max_token_len_per_gpu", None), device),
             worker_timeout_s=float(g("trainer.worker_timeout_s", 1800)),
             max_ckpt_to_keep=g("trainer.max_actor_ckpt_to_keep", None),
             use_torch_compile=use_torch_compile,

@@ -1,12 +1,14 @@
 """The Trainer: groups from the queue in, policy updates out, weights back every k steps.
 
 Per step it takes `required_samples = ppo_mini_batch_size * require_batches` complete
-groups, builds the train batch, gets old log-probs (the rollout's in bypass mode, or
-recomputed), reference log-probs when a KL term is on, advantages, and runs the
+groups, builds the train batch, prepares it (`trainer/prepare.py`: old and reference
+log-probs, KL, advantages, rollout-correction weights and loss mask) and runs the
 worker group's update. Every `trigger_parameter_sync_step` steps it pushes the weights
-(version += 1), validates every `test_freq` versions and checkpoints every `save_freq`
+(version += 1), checkpoints every `save_freq` versions and then validates every `test_freq`
 versions while generation is paused, so that a checkpoint is a consistent cut of
-(trainer weights, dataset cursor, queued groups, in-flight prompts).
+(trainer weights, dataset cursor, queued groups, in-flight prompts). A checkpoint never
+depends on a validation: it is written first, and a validation that fails or times out
+(`trainer.val_timeout_s`) is logged and training goes on.
 
 A plain class: the recipe wraps it in a threaded Ray actor (so `progress()` and
 `stop()` answer while `run()` works); tests may drive it in-process.
@@ -26,18 +28,13 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from verl_async.algos import (
-    adaptive_kl_coef,
-    compute_advantages,
-    compute_reinforce_plus_plus_advantage,
-    kl_in_reward,
-    kl_penalty,
-)
-from verl_async.algos.advantages import scores_to_token_rewards
-from verl_async.config.derived import recomputes_old_log_probs, required_samples, uses_reference_policy
+from verl_async.config.derived import finish_timeout_s, required_samples
+from verl_async.errors import innermost_cause, root_cause
 from verl_async.protocol import RolloutSample, collate_groups
+from verl_async.reward.error_rate import RewardFunctionError
 from verl_async.staleness import exceeds_max_staleness
 from verl_async.sync import build_sync_from_config
+from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.tracking import Tracker
 
@@ -47,6 +44,8 @@ QUEUE_POLL_S = 2.0
 # The trainer waiting for groups while the Rollouter idles on its staleness budget, both this
 # long, is a deadlock (only the trainer's next sync frees the budget): an error, not a hang.
 STALL_LIMIT_S = 60.0
+# The Trainer waits this much longer than the Rollouter's own validation timeout (which fires first).
+VALIDATION_GRACE_S = 120.0
 
 
 class DeadlockError(RuntimeError):
@@ -91,23 +90,6 @@ def batch_metrics(groups: Sequence[RolloutSample], version: int, max_response_le
     return out
 
 
-def next_kl_coef(kl_ctrl: Any, coef: float, current_kl: float, n_steps: int) -> float:
-    """The in-reward KL coefficient of the next step (`algorithm.kl_ctrl`, verl semantics):
-    `fixed` keeps it; `adaptive` steers the measured KL towards `target_kl` over `horizon`."""
-    if str(kl_ctrl.type) == "fixed":
-        return coef
-    return adaptive_kl_coef(coef, current_kl, target_kl=float(kl_ctrl.target_kl), horizon=int(kl_ctrl.horizon),
-                            n_steps=n_steps)
-
-
-def update_input(batch: TensorDict, recomputed: bool) -> TensorDict:
-    """The batch the worker group trains on. Its rollout correction and `mismatch/*` metrics
-    run whenever `rollout_log_probs` is present; in bypass mode (`recomputed` false) the
-    old log-probs ARE the rollout's, so they would log a mismatch of exactly 0 that was
-    never measured: the key is left out."""
-    return batch if recomputed else batch.exclude("rollout_log_probs")
-
-
 class Trainer:
     def __init__(
         self,
@@ -133,6 +115,7 @@ class Trainer:
         self.n = int(cfg.actor_rollout_ref.rollout.n)
         self.max_staleness = cfg.algorithm.get("max_staleness")
         self.kl_coef = float(cfg.algorithm.kl_ctrl.kl_coef)  # in-reward KL; moves with kl_ctrl.type=adaptive
+        self.algorithm = StepAlgorithm.from_config(cfg)
         self.test_freq = int(cfg.trainer.test_freq or -1)
         self.save_freq = int(cfg.trainer.save_freq or -1)
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
@@ -149,6 +132,8 @@ class Trainer:
         self.started = time.monotonic()
         self.last: dict[str, float] = {}
         self.val_history: list[dict[str, float]] = []
+        self.val_failures: list[dict[str, Any]] = []  # {"version", "error"}: logged, training went on
+        self._val_timeout_s: Optional[float] = None  # the Rollouter's, asked once
         self._stop = threading.Event()
         self._trained_log = os.path.join(run_dir, "trained_uids.jsonl")
         self.sync = None
@@ -180,9 +165,14 @@ class Trainer:
             self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
         queued = extra.get("queue", [])
         ray.get(self.queue.restore.remote(queued), timeout=120)
-        redo = ray.get(
-            self.rollouter.load_state_dict.remote(extra["rollouter"], [g["uid"] for g in queued]), timeout=120
-        )
+        redo = 0
+        if self.rollouter is not None and extra.get("rollouter") is not None:
+            redo = ray.get(
+                self.rollouter.load_state_dict.remote(extra["rollouter"], [g["uid"] for g in queued]), timeout=120
+            )
+        elif self.rollouter is not None:  # written by a train-only run (debug.load_rollout_data)
+            logger.warning("%s holds no Rollouter state (a train-only checkpoint): the data starts at its beginning",
+                           path)
         self._truncate_trained_log(self.step)
         logger.info("resumed from %s: version %d, step %d, %d queued groups, %d prompts to regenerate",
                     path, self.version, self.step, len(queued), redo)
@@ -209,32 +199,72 @@ class Trainer:
         if self.sync is None:
             if self.rollouter is not None:  # rollout-only: no weights, just reopen the budget
                 ray.get(self.rollouter.resume_after_sync.remote(self.version), timeout=120)
-            return {}
+            # train-only (debug.load_rollout_data): no engines to sync, but checkpoints are due as in any run
+            return self._while_paused() if with_hooks and self.wg is not None else {}
         with self.timeline.span("sync", "sync", self.version):
             return self.sync.push(self.version, self._while_paused if with_hooks else None)
 
     def _while_paused(self) -> dict[str, float]:
+        """Checkpoint, then validate: the checkpoint never waits on (or is lost with) a validation."""
         out: dict[str, float] = {}
-        if self.test_freq > 0 and self.version % self.test_freq == 0 and self.version > 0:
-            self.validate()  # logs its own metrics at this version
         if self.save_freq > 0 and self.version % self.save_freq == 0 and self.version > 0:
             out["timing_s/save_checkpoint"] = self.save_checkpoint()
+        if self.test_freq > 0 and self.version % self.test_freq == 0 and self.version > 0:
+            self.validate()  # logs its own metrics at this version
         return out
 
     def validate(self) -> dict[str, float]:
+        """`val/*` at this version, logged; {} without validation data or when the validation failed.
+
+        A failure (any error, or no answer within the validation timeout) is one error log
+        line and an entry of `val_failures` (the end-of-run summary lists them): a run is
+        never stopped by its validation. The exception is `RewardFunctionError`: the reward
+        function fails too often, which stops the run whoever scored (as in training).
+        """
         if self.rollouter is None:
             return {}
-        metrics = ray.get(self.rollouter.validate.remote(self.version), timeout=3600)
+        wait = None
+        try:
+            wait = self.timeouts()["validation_s"]
+            metrics = ray.get(self.rollouter.validate.remote(self.version), timeout=wait)
+        except ray.exceptions.GetTimeoutError:
+            within = "in time" if wait is None else f"within {wait:.0f} s"
+            return self._validation_failed(f"the Rollouter did not answer {within}; raise trainer.val_timeout_s")
+        except Exception as exc:  # noqa: BLE001 - whatever it was, training goes on
+            if isinstance(innermost_cause(exc), RewardFunctionError):
+                raise  # the reward function itself is broken (reward_model.max_error_rate): the run stops
+            return self._validation_failed(root_cause(exc))
         if metrics:
             self.val_history.append({"version": self.version, **metrics})
             self.tracker.log(metrics, step=self.version)
         return metrics
 
+    def _validation_failed(self, error: str) -> dict[str, float]:
+        logger.error("validation at version %d failed, training goes on: %s", self.version, error)
+        self.val_failures.append({"version": self.version, "error": error})
+        return {}
+
+    def validate_before_training(self) -> tuple[dict[str, float], Optional[str]]:
+        """verl's `val_before_train`: (metrics, the failure for the driver to print, or None)."""
+        failed = len(self.val_failures)
+        metrics = self.validate()
+        return metrics, (self.val_failures[-1]["error"] if len(self.val_failures) > failed else None)
+
+    def timeouts(self) -> dict[str, float]:
+        """How long the driver waits for a validation and for `finish()` (trainer.val_timeout_s and
+        trainer.finish_timeout_s, or their derived values: config/derived.py)."""
+        if self._val_timeout_s is None:
+            self._val_timeout_s = 0.0 if self.rollouter is None else float(
+                ray.get(self.rollouter.validation_timeout_s.remote(), timeout=120))
+        validation = self._val_timeout_s + VALIDATION_GRACE_S
+        return {"validation_s": validation,
+                "finish_s": finish_timeout_s(self.cfg, validation if self.test_freq > 0 else 0.0)}
+
     def save_checkpoint(self) -> float:
         t0 = time.perf_counter()
         # The Rollouter's pending prompts first, then the queue: a group put between the two calls
         # is then in both (load_state_dict skips pending uids found in the queue), never in neither.
-        rollouter_state = ray.get(self.rollouter.state_dict.remote(), timeout=120)
+        rollouter_state = None if self.rollouter is None else ray.get(self.rollouter.state_dict.remote(), timeout=120)
         extra = {
             "version": self.version,
             "step": self.step,
@@ -299,22 +329,20 @@ class Trainer:
         return self.summary()
 
     def finish(self) -> dict[str, float]:
-        """After the last step: put the final weights on the engines, validate, checkpoint."""
+        """After the last step: put the final weights on the engines, checkpoint, then validate (test_freq > 0)."""
         if self.wg is None:
             return {}
         if self.step % self.trigger != 0:  # the last updates are not on the engines yet
             self.version += 1
             self.push_weights(with_hooks=False)
-        metrics: dict[str, float] = {}
-        if self.test_freq != 0:
-            last = self.val_history[-1] if self.val_history else None
-            if last is not None and last["version"] == self.version:  # test_freq divides the last version
-                metrics = {k: v for k, v in last.items() if k != "version"}
-            else:
-                metrics = self.validate()
         if self.save_freq > 0 and self.step > 0:
             self.save_checkpoint()
-        return metrics
+        if self.test_freq <= 0:
+            return {}
+        last = self.val_history[-1] if self.val_history else None
+        if last is not None and last["version"] == self.version:  # test_freq divides the last version
+            return {k: v for k, v in last.items() if k != "version"}
+        return self.validate()
 
     def close(self) -> None:
         self.tracker.close()
@@ -329,6 +357,7 @@ class Trainer:
             "trainer_idle_ratio": self.wait_s / max(wall, 1e-9),
             "dropped_stale_groups": self.dropped_stale,
             "validation": self.val_history,
+            "validation_failures": self.val_failures,
         }
 
     def _drop_too_stale(self, groups: list[RolloutSample]) -> list[RolloutSample]:
@@ -370,9 +399,10 @@ class Trainer:
             f.write(json.dumps({"step": self.step, "version": self.version, "uids": [g.uid for g in groups]}) + "\n")
         if self.wg is None:  # rollout-only
             return metrics
-        metrics.update(self.prepare_batch(batch))
+        prepared, self.kl_coef = prepare_batch(batch, self.algorithm, self.wg, self.kl_coef, self._logprob_span)
+        metrics.update(prepared)
         t1 = time.perf_counter()
-        metrics.update(self.wg.update(update_input(batch, recomputes_old_log_probs(self.cfg))))
+        metrics.update(self.wg.update(update_input(batch, self.algorithm.recompute_old_log_probs)))
         t2 = time.perf_counter()
         self._save_train_output(batch, metrics)
         mask_tokens = int(batch["attention_mask"].sum())
@@ -384,54 +414,8 @@ class Trainer:
         self.timeline.record("trainer/driver", "train", step_start, self.timeline.now(), self.version, tokens=mask_tokens)
         return metrics
 
-    def prepare_batch(self, batch: TensorDict) -> dict[str, float]:
-        """old / ref log-probs, (KL-shaped) rewards and advantages, added to the batch in place."""
-        cfg = self.cfg
-        algo = cfg.algorithm
-        mask = batch["response_mask"]
-        metrics: dict[str, float] = {}
-        recompute = recomputes_old_log_probs(cfg)
-        if recompute:
-            with self.timeline.span("trainer/driver", "logprob", self.version):
-                # entropy comes with the same forward (verl logs it from here too)
-                old, entropy = self.wg.compute_log_prob(batch, calculate_entropy=True)
-            metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-            diff = (old - batch["rollout_log_probs"]).abs()
-            denom = mask.sum().clamp(min=1)
-            metrics["mismatch/train_rollout_logprob_abs_diff"] = float((diff * mask).sum() / denom)
-            metrics["mismatch/train_rollout_logprob_abs_diff_max"] = float((diff * mask).max()) if mask.any() else 0.0
-            r = batch["rollout_log_probs"] - old
-            metrics["mismatch/k3_kl"] = float(((torch.exp(r) - r - 1) * mask).sum() / denom)
-        else:
-            old = batch["rollout_log_probs"].clone()
-        batch["old_log_probs"] = old
-        if uses_reference_policy(cfg):
-            ref = self.wg.compute_ref_log_prob(batch)
-            batch["ref_log_prob"] = ref
-            kl = kl_penalty(old, ref, "kl") * mask
-            metrics["actor/ref_kl_of_old"] = float(kl.sum() / mask.sum().clamp(min=1))
-        scores = batch["scores"]
-        if bool(algo.use_kl_in_reward):
-            token_rewards, mean_kl = kl_in_reward(
-                scores_to_token_rewards(scores, mask), old, batch["ref_log_prob"], mask,
-                kl_coef=self.kl_coef, kind=str(algo.kl_penalty),
-            )
-            metrics["critic/kl_in_reward"] = mean_kl
-            metrics["critic/kl_in_reward_coef"] = self.kl_coef
-            self.kl_coef = next_kl_coef(algo.kl_ctrl, self.kl_coef, mean_kl, n_steps=int(mask.shape[0]))
-            if str(algo.adv_estimator) == "reinforce_plus_plus":
-                adv = compute_reinforce_plus_plus_advantage(token_rewards, mask, gamma=float(algo.gamma))
-                batch["advantages"] = adv
-                return metrics
-            scores = token_rewards.sum(-1)
-        batch["advantages"] = compute_advantages(
-            str(algo.adv_estimator), scores, batch["group_index"], mask,
-            norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo), gamma=float(algo.gamma),
-        )
-        valid = mask.bool()
-        metrics["critic/advantages/mean"] = float(batch["advantages"][valid].mean()) if valid.any() else 0.0
-        metrics["critic/advantages/max"] = float(batch["advantages"][valid].max()) if valid.any() else 0.0
-        return metrics
+    def _logprob_span(self):
+        return self.timeline.span("trainer/driver", "logprob", self.version)
 
     # ------------------------------------------------------------------ debug dumps
     def _save_rollout_data(self, groups: list[RolloutSample]) -> None:

@@ -22,22 +22,25 @@ plus the keys the call needs (all [B, T] float unless noted):
 * compute_log_prob / compute_ref_log_prob: `prompts` [B,P] (left-padded), `responses` [B,T]
   (right-padded), `attention_mask` [B,P+T], `response_mask` [B,T].
 * update: the above plus `old_log_probs`, `advantages`, `group_index` [B] (long, the GRPO
-  group of each row); `ref_log_prob` when `actor.use_kl_loss`; `rollout_log_probs` when
-  `actor.rollout_correction.enable` (its mismatch metrics are reported whenever present, so
-  the Trainer leaves it out in bypass mode, where old_log_probs are the rollout's).
+  group of each row); `ref_log_prob` when `actor.use_kl_loss`; and `loss_mask` (plus
+  `is_weights` when `actor.rollout_correction.enable`) as the Trainer's
+  `verl_async/trainer/prepare.py` computes them. A batch without `loss_mask` gets them here
+  from the same function (`prepare.correction_inputs`): then `rollout_log_probs` is needed
+  when the correction is enabled, and its `mismatch/*` metrics are reported whenever present
+  (the Trainer leaves it out in bypass mode, where old_log_probs are the rollout's).
 
 `update` metrics: actor/{pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, loss, grad_norm, lr,
 kl_loss (use_kl_loss), entropy (entropy_coeff != 0; else take it from
 compute_log_prob(calculate_entropy=True)), skipped_steps, total_skipped_steps,
-optimizer_steps, global_step}, mismatch/* (rollout correction metrics, whenever
-`rollout_log_probs` is in the batch), perf/{train_tokens (real tokens x epochs),
+optimizer_steps, global_step}, mismatch/* (rollout correction metrics, when this call
+computed the correction and `rollout_log_probs` is in the batch), perf/{train_tokens (real tokens x epochs),
 forward_tokens (padding included), train_time_s, max_memory_allocated_gb}. Loss-type values are exact mini-batch values (averaged over
 the step's mini-batches), not micro-batch averages.
 
 The driver (this object) does all the planning: the DP split balanced by tokens, the
-micro-batches, the mini-batches of whole groups and their loss normalisers, the
-rollout-correction weights (batch-wide, so `batch_normalize` is exact). Workers get the
-batch once through the object store plus their part of the plan.
+micro-batches, the mini-batches of whole groups and their loss normalisers (the step's
+algorithm before it, rollout-correction weights included, is `trainer/prepare.py`). Workers
+get the batch once through the object store plus their part of the plan.
 
 Weight sync: each rank has one method, `weight_sync(transport, step, ...)`, that runs a step
 of its half of the transport; `weight_sync_refs` starts one on the ranks and returns the refs,
@@ -58,7 +61,6 @@ from typing import Any, Mapping, Optional
 import torch
 from tensordict import TensorDict
 
-from verl_async.algos import rollout_correction
 from verl_async.trainer.batching import (
     LAYOUT_KEYS,
     UPDATE_KEYS,
@@ -70,7 +72,9 @@ from verl_async.trainer.batching import (
 )
 from verl_async.trainer.checkpoint import checkpoint_dir, mark_latest, publish, rotate_checkpoints, staging_dir
 from verl_async.trainer.fsdp_worker import FSDPWorker
+from verl_async.trainer.prepare import correction_inputs
 from verl_async.trainer.settings import TrainerSettings
+from verl_async.trainer.token_budget import device_budget, unset_budgets
 from verl_async.utils import device as device_layer
 from verl_async.utils.waiting import WaitTimeout, finished_in_turn
 
@@ -157,7 +161,22 @@ class RayWorkerGroup:
         addr, port = self._call_one(0, "master_address")
         self.info = self._call("init", addr, port)
         self._set_dp_ranks(self.info)
+        self._size_token_budgets()
         return self.info
+
+    def _size_token_budgets(self) -> None:
+        """Budgets the config left to the device (null): sized from the ranks' free memory (token_budget.py)."""
+        import logging
+
+        unset = unset_budgets(self.settings)
+        if not unset:
+            return
+        data = self.config.get("data", {})
+        longest = int(data.get("max_prompt_length", 0) or 0) + int(data.get("max_response_length", 0) or 0)
+        tokens, why = device_budget([i["memory"] for i in self.info], longest,
+                                    gradient_checkpointing=self.settings.gradient_checkpointing)
+        logging.getLogger("verl_async.trainer").warning("%s: %s = %s", self.name, ", ".join(unset), why)
+        self.set_options(**{key: tokens for key in unset})
 
     def _set_dp_ranks(self, info: list[dict]) -> None:
         """Ranks that report a `dp_rank` share the plan of their model replica."""
@@ -276,39 +295,23 @@ class RayWorkerGroup:
         import ray
 
         s = self.settings
-        keys = list(UPDATE_KEYS)
-        if s.use_kl_loss:
-            keys.append("ref_log_prob")
-        if s.rollout_correction.enable:
-            keys.append("rollout_log_probs")
-        check_batch(batch, keys, "update")
-        mask = batch["response_mask"]
-        valid = mask.bool()
-        for key in ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs"):
-            if key in keys:
-                bad = valid & ~torch.isfinite(batch[key])
-                if bool(bad.any()):
-                    row = int(bad.any(dim=1).nonzero()[0])
-                    raise ValueError(f"update: batch[{key!r}] holds NaN/inf at valid response tokens "
-                                     f"(first in row {row})")
+        rc = s.rollout_correction
+        metrics: dict[str, Any] = {}
+        if "loss_mask" in batch.keys():  # prepared on the driver (verl_async/trainer/prepare.py)
+            self._check_update_batch(batch, ["loss_mask"] + (["is_weights"] if rc.enable else []))
+            correction = {k: batch[k] for k in ("loss_mask", "is_weights") if k in batch.keys()}
+        else:  # not prepared (tests, scripts): the loss mask and weights prepare_batch adds, by the same function
+            self._check_update_batch(batch, ["rollout_log_probs"] if rc.enable else [])
+            rollout = batch["rollout_log_probs"] if "rollout_log_probs" in batch.keys() else None
+            correction, metrics = correction_inputs(batch["old_log_probs"], rollout, batch["response_mask"], rc)
         p_len, r_len = sequence_lengths(batch)
         weights = check_lengths(p_len, r_len, s.ppo_max_token_len_per_gpu if s.use_dynamic_bsz else None,
                                 "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
-        metrics: dict[str, Any] = {}
         send = {k: batch[k] for k in LAYOUT_KEYS + ("old_log_probs", "advantages")}
-        loss_mask = mask.float()
-        if "rollout_log_probs" in batch.keys():
-            rc = s.rollout_correction
-            is_w, rc_mask, rc_metrics = rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"], mask,
-                                                           **rc.kwargs())
-            metrics.update({f"mismatch/{k}": v for k, v in rc_metrics.items()})
-            if rc.enable:
-                send["is_weights"] = is_w.float()
-                loss_mask = rc_mask.float()
-        send["loss_mask"] = loss_mask
+        send.update(correction)
         if s.use_kl_loss:
             send["ref_log_prob"] = batch["ref_log_prob"]
-        plans = plan_update(batch["group_index"], weights, loss_mask, mini_groups=s.ppo_mini_batch_size,
+        plans = plan_update(batch["group_index"], weights, send["loss_mask"], mini_groups=s.ppo_mini_batch_size,
                             epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed * 100003 + self.global_step,
                             dp=self.dp_size, dynamic=s.use_dynamic_bsz, micro_size=s.ppo_micro_batch_size_per_gpu,
                             max_tokens=s.ppo_max_token_len_per_gpu)
@@ -329,6 +332,19 @@ class RayWorkerGroup:
         metrics["perf/max_memory_allocated_gb"] = max(o["perf/max_memory_allocated_gb"] for o in outs)
         self.global_step = int(outs[0]["actor/global_step"])
         return metrics
+
+    def _check_update_batch(self, batch: TensorDict, extra_keys: list[str]) -> None:
+        """update() needs these keys, finite at valid response tokens (a NaN would poison the step)."""
+        keys = list(UPDATE_KEYS) + (["ref_log_prob"] if self.settings.use_kl_loss else []) + list(extra_keys)
+        check_batch(batch, keys, "update")
+        valid = batch["response_mask"].bool()
+        for key in ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs", "is_weights"):
+            if key in keys:
+                bad = valid & ~torch.isfinite(batch[key])
+                if bool(bad.any()):
+                    row = int(bad.any(dim=1).nonzero()[0])
+                    raise ValueError(f"update: batch[{key!r}] holds NaN/inf at valid response tokens "
+                                     f"(first in row {row})")
 
     # ------------------------------------------------------------------ weight sync
     def weight_sync_refs(self, transport: str, step: str, *args: Any, ranks: Optional[list[int]] = None,

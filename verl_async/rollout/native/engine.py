@@ -224,7 +224,7 @@ class NativeEngine(InferenceEngine):
         """Build from `actor_rollout_ref.rollout` (verl keys) plus `engine_kwargs.native` (e.g. fast_decode).
 
         max_model_len defaults to prompt_length + response_length; `enforce_eager: true`
-        turns CUDA graphs off (vLLM's meaning of the key); dtype applies on accelerators only
+        turns CUDA graphs off (vLLM's meaning of the key), null leaves them on for CUDA; dtype applies on accelerators only
         (CPU runs float32 so that log-probs match the trainer exactly).
         """
         get = rollout_cfg.get
@@ -238,7 +238,7 @@ class NativeEngine(InferenceEngine):
             "max_num_batched_tokens": int(get("max_num_batched_tokens", 8192)),
             "seed": int(get("seed", 0) or 0),
             "dtype": None if device == "cpu" else get("dtype"),
-            "cuda_graphs": not bool(get("enforce_eager", False)),
+            "cuda_graphs": None if get("enforce_eager") is None else not bool(get("enforce_eager")),
         }
         native = (get("engine_kwargs") or {}).get("native") or {}
         kwargs.update(dict(native))

@@ -129,7 +129,7 @@ class MegatronWorker(RankBase):
         n_params = sum(p.numel() for p in self._module(self.model).parameters())
         return {"rank": self.rank, "dp_rank": self.dp_rank, "tp_rank": self.tp_rank, "pp_rank": self.pp_rank,
                 "params": int(n_params), "device": str(self.device.torch_device), "notes": list(self.notes),
-                "sequence_parallel": self.sequence_parallel}
+                "sequence_parallel": self.sequence_parallel, "memory": self.memory_report()}
 
     def _build(self, *, train: bool):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
