@@ -198,3 +198,42 @@ def test_a_trajectory_in_flight_at_a_checkpoint_is_regenerated_exactly_once(setu
         for r in group.responses:  # regenerated from the start: whole trajectories
             assert tok.decode(r.token_ids).startswith("Let me use the tool.")
             assert r.agent_info["tool_calls"] == 1
+
+
+def test_a_multi_turn_validation_past_its_timeout_aborts_the_turn_on_the_engine(tmp_path):
+    """Every turn of a validation trajectory runs under the sample's request id, so the validator's abort reaches it."""
+    from types import SimpleNamespace
+
+    from verl_async.models.tiny import build_char_tokenizer
+    from verl_async.rollout.agent_loop import MultiTurnSettings, ToolAgentLoop
+    from verl_async.rollout.engine import SamplingParams
+    from verl_async.rollout.validation import ValidationError, Validator
+    from verl_async.tools.calculator import CalculatorTool
+    from verl_async.utils.timeline import Timeline
+
+    tok = build_char_tokenizer()
+
+    class HangsOnSecondTurn(ScriptedToolEngine):
+        def __init__(self):
+            super().__init__(tok, script)
+            self.second_turns, self.aborted_ids = [], []
+
+        async def generate(self, request):
+            if request.prefix_token_ids:
+                self.second_turns.append(request.request_id)
+                await asyncio.sleep(3600)
+            return await super().generate(request)
+
+        async def abort(self, request_ids=None):
+            self.aborted_ids += list(request_ids or [])
+
+    engine = HangsOnSecondTurn()
+    loop = ToolAgentLoop({"calculator": CalculatorTool({})}, tok, MultiTurnSettings(), budget=200)
+    items = [SimpleNamespace(index=i, prompt_ids=tok.encode("What is 6*7?"), data_source="toy", ground_truth="42",
+                             extra_info={}, agent_name="") for i in range(2)]
+    validator = Validator(items, None, SamplingParams(max_tokens=200, seed=1), k=1, max_num_seqs=4,
+                          timeline=Timeline(None, time.time()), timeout_s=1.0, agent_loop=loop)
+    with pytest.raises(ValidationError, match="did not finish within 1 s"):
+        asyncio.run(validator.run([engine], version=7))
+    assert sorted(engine.second_turns) == ["val-7-0-0", "val-7-1-0"]
+    assert set(engine.second_turns) <= set(engine.aborted_ids)

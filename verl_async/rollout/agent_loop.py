@@ -194,8 +194,8 @@ class ToolAgentLoop:
                 n = len(state) if state is not None else 0
                 seed = request.sampling.seed
                 sampling = replace(request.sampling, seed=None if seed is None else (seed + 7919 * n) & 0x7FFFFFFF)
-                result = await engine.generate(replace(
-                    request, request_id=f"{request.request_id}/{n}", sampling=sampling,
+                result = await engine.generate(replace(  # one id for all turns: the validator aborts it by that id
+                    request, sampling=sampling,
                     prefix_token_ids=list(state.token_ids) if state else [],
                     prefix_log_probs=list(state.log_probs) if state else [],
                     prefix_versions=list(state.versions) if state else []))
