@@ -6,8 +6,9 @@ Run from the repository root, as verl's recipe is:
 With no arguments it runs the built-in CPU demo (config/fully_async_ppo_trainer.yaml).
 `--cfg job` prints the composed config and exits. A bad config prints one line,
 "config error: <full.key>: <reason>", to stderr and exits with status 2.
-`trainer.dry_run=true` (or VERL_ASYNC_DRY_RUN=1 in the environment) stops after checking
-the config, the device and the data.
+`trainer.dry_run=true` (or VERL_ASYNC_DRY_RUN=1 in the environment) stops after the checks
+(config, device, engine, model, reward function, data, resume). `--help` prints what a user
+needs first, then Hydra's help. Ctrl-C ends with one line and the command that resumes.
 """
 
 from __future__ import annotations
@@ -20,22 +21,25 @@ from omegaconf import DictConfig
 
 from verl_async.config import CONFIG_DIR, DEFAULT_CONFIG_NAME, ConfigError, hydra_argv, validate
 from verl_async.config.preflight import preflight
+from verl_async.config.resume import interrupted
 from verl_async.config.summary import describe
+from verl_async.config.usage import usage
 from verl_async.errors import PipelineError
 from verl_async.versions import UnsupportedTransformersError
 
 DRY_RUN_ENV = "VERL_ASYNC_DRY_RUN"
+TYPED_ARGV: list[str] = []  # the arguments as typed (Hydra gets them rewritten): a Ctrl-C repeats them
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name=DEFAULT_CONFIG_NAME, version_base=None)
 def main(cfg: DictConfig) -> None:
     try:
         cfg = validate(cfg)  # one clear error, naming the key
-        facts = preflight(cfg)  # the device exists, the data files read
+        facts = preflight(cfg)  # device, engine, model, reward function, every prompt, what is resumed
         print(describe(cfg, facts), flush=True)
         if is_dry_run(cfg):
-            print("dry run (trainer.dry_run=true or VERL_ASYNC_DRY_RUN=1): config, device and data are valid; "
-                  "nothing was started.")
+            print("dry run (trainer.dry_run=true or VERL_ASYNC_DRY_RUN=1): config, device, engine, model, reward "
+                  "function, data (every prompt tokenised) and resume checked; nothing was started.")
             return
         from verl_async.pipeline import run  # here, not above: a config error prints before torch and Ray load
 
@@ -49,6 +53,9 @@ def main(cfg: DictConfig) -> None:
     except PipelineError as err:  # one side died: the other was stopped; say why, exit non-zero
         print(f"run failed: {err}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C: one line and the command that resumes, not a traceback
+        print(interrupted(cfg, TYPED_ARGV), file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 def is_dry_run(cfg: DictConfig) -> bool:
@@ -58,6 +65,9 @@ def is_dry_run(cfg: DictConfig) -> bool:
 
 def cli() -> None:
     """Make verl command lines work as written (see verl_async.config.cli), then run Hydra."""
+    TYPED_ARGV[:] = sys.argv[1:]
+    if {"--help", "-h"} & set(TYPED_ARGV):
+        print(usage(), flush=True)  # Hydra's help and the full config follow
     sys.argv[1:] = hydra_argv(sys.argv[1:])
     main()
 

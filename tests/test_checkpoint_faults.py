@@ -3,6 +3,9 @@
 import asyncio
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict
@@ -12,6 +15,7 @@ import ray
 from omegaconf import OmegaConf
 
 from tests.test_rollouter import make
+from verl_async.config.cli import REPO_ROOT
 from verl_async.trainer import checkpoint as ckpt
 from verl_async.trainer.trainer import Trainer
 from verl_async.trainer.worker_group import FSDPWorkerGroup
@@ -69,10 +73,10 @@ class ServiceState:
 
 class CapturingGroup:
     def __init__(self) -> None:
-        self.extra = None
+        self.extra = self.info = None
 
-    def save_checkpoint(self, root, extra, step):
-        self.extra = extra
+    def save_checkpoint(self, root, extra, step, info=None):
+        self.extra, self.info = extra, info
 
 
 def test_group_finishing_during_a_checkpoint_is_kept(monkeypatch, tmp_path):
@@ -102,7 +106,8 @@ def test_group_finishing_during_a_checkpoint_is_kept(monkeypatch, tmp_path):
 
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
     trainer = Trainer.__new__(Trainer)
-    trainer.cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}})
+    trainer.cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)},
+                                    "actor_rollout_ref": {"rollout": {"n": 2}}})
     trainer.version, trainer.step, trainer.kl_coef = 1, 1, 0.001
     trainer.wg = CapturingGroup()
     trainer.queue = Handle(q, loop, between)
@@ -112,6 +117,7 @@ def test_group_finishing_during_a_checkpoint_is_kept(monkeypatch, tmp_path):
         extra = trainer.wg.extra
         kept = [g["uid"] for g in extra["queue"]] + [p["uid"] for p in extra["rollouter"]["pending"]]
         assert "e0-i0" in kept, extra
+        assert trainer.wg.info == {"step": 1, "version": 1, "rollout_n": 2}  # run_info.json: what a resume must match
         loop.call(ro.resume_after_sync, 1)
         run.result(10)
     finally:
@@ -156,3 +162,109 @@ def test_save_that_dies_half_way_leaves_the_complete_checkpoint(tmp_path):
     group.save_checkpoint(root, {"tag": "final"}, step=4)  # a later save of the step replaces it whole
     assert open(os.path.join(path, "shard0")).read() == "final"
     assert sorted(os.listdir(root)) == ["global_step_4", ckpt.LATEST_FILE]
+
+
+# --------------------------------------------------------------------------- a kill inside publish()
+KILL_BETWEEN_RENAMES = """
+import os, signal, sys
+from tests.test_checkpoint_faults import DyingSave
+from verl_async.trainer import checkpoint as ckpt
+from verl_async.trainer.worker_group import FSDPWorkerGroup
+
+group = FSDPWorkerGroup.__new__(FSDPWorkerGroup)
+group.settings = type("S", (), {"max_ckpt_to_keep": 1})()
+group.save = DyingSave()
+root = sys.argv[1]
+group.save_checkpoint(root, {"tag": "sync"}, step=4)  # the last sync's checkpoint of step 4
+real, calls = os.replace, []
+
+def replace(src, dst):  # the final save publishes step 4 again: SIGKILL between its two renames
+    calls.append(dst)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(src, dst)
+
+ckpt.os.replace = replace
+group.save_checkpoint(root, {"tag": "final"}, step=4)
+"""
+
+
+def kill_between_the_renames(root) -> None:
+    proc = subprocess.run([sys.executable, "-c", KILL_BETWEEN_RENAMES, str(root)], cwd=REPO_ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert sorted(os.listdir(root)) == ["global_step_4.old", "global_step_4.tmp", ckpt.LATEST_FILE]  # torn
+
+
+def test_kill_between_the_renames_of_a_republish_keeps_the_step(tmp_path):
+    """publish() of a step already on disk renames it away, then the new one in: a SIGKILL in between leaves
+    only `.old` (the previous save) and `.tmp` (the new, complete one). The newer complete one is the step."""
+    root = str(tmp_path)
+    kill_between_the_renames(root)
+    found = ckpt.latest_checkpoint(root)  # read-only: what a preflight sees
+    assert found is not None and open(os.path.join(found, "shard1")).read() == "final"
+    assert ckpt.recover_interrupted_publish(root) == [f"{ckpt.step_folder(root, 4)}.tmp -> {ckpt.step_folder(root, 4)}"]
+    assert sorted(os.listdir(root)) == ["global_step_4", ckpt.LATEST_FILE]
+    assert ckpt.latest_checkpoint(root) == ckpt.checkpoint_dir(root, 4)
+    assert open(os.path.join(ckpt.checkpoint_dir(root, 4), "shard0")).read() == "final"
+
+
+def test_recovery_falls_back_to_the_previous_save_and_drops_torn_staging(tmp_path):
+    """Without a complete `.tmp`, the `.old` folder (the step's previous complete save) goes back in place;
+    a staging folder without its marker (a save that died) is removed; nothing complete is touched."""
+    root = str(tmp_path)
+    for step, tag in ((2, "two"), (4, "old")):
+        os.makedirs(ckpt.checkpoint_dir(root, step))
+        DyingSave()(ckpt.checkpoint_dir(root, step), {"tag": tag})
+    os.replace(ckpt.step_folder(root, 4), ckpt.step_folder(root, 4) + ".old")
+    os.makedirs(ckpt.step_folder(root, 4) + ".tmp/actor")  # died before its meta.json
+    os.makedirs(ckpt.step_folder(root, 6) + ".tmp/actor")  # a later step's save that died
+    assert ckpt.latest_checkpoint(root) == ckpt.step_folder(root, 4) + ".old/actor"
+    ckpt.recover_interrupted_publish(root)
+    assert sorted(os.listdir(root)) == ["global_step_2", "global_step_4"]
+    assert open(os.path.join(ckpt.checkpoint_dir(root, 4), "shard0")).read() == "old"
+
+
+class FakeGroup:
+    """A worker group's load(): the `extra` a checkpoint was saved with (its tag says which save it was)."""
+
+    def load(self, path: str) -> dict:
+        with open(os.path.join(path, ckpt.COMPLETE_MARKER)) as f:
+            tag = json.load(f)["tag"]
+        return {"version": 4, "step": 4, "queue": [], "rollouter": {}, "tag": tag}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls = []
+
+    def __getattr__(self, name):
+        calls = self.calls
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                calls.append(name)
+                return 0
+
+        return Method()
+
+
+def test_resume_after_a_kill_between_the_renames_keeps_the_trained_record(monkeypatch, tmp_path):
+    """The issue's outcome: auto-resume restarted from step 0 and truncated trained_uids.jsonl."""
+    root = tmp_path / "run"
+    root.mkdir()
+    kill_between_the_renames(str(root))
+    log = root / "trained_uids.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "version": s, "uids": [f"0:{s}"]}) + "\n" for s in range(5)))
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = OmegaConf.create({"trainer": {"default_local_dir": str(root), "resume_mode": "auto"},
+                                    "algorithm": {"kl_ctrl": {"type": "fixed"}}})
+    trainer.wg, trainer.queue, trainer.rollouter = FakeGroup(), Recorder(), Recorder()
+    trainer._trained_log = str(log)
+    trainer.version = trainer.step = 0
+    trainer.kl_coef = 0.001
+    assert trainer.restore() == 4 and trainer.step == 4
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [0, 1, 2, 3]
+    assert sorted(os.listdir(root)) == ["global_step_4", ckpt.LATEST_FILE, "trained_uids.jsonl"]

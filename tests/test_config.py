@@ -250,7 +250,7 @@ BAD = [
     (["actor_rollout_ref.rollout.temperature=hot"], "actor_rollout_ref.rollout.temperature", "expected a number"),
     (["trainer.val_before_train=maybe"], "trainer.val_before_train", "true or false"),
     (["actor_rollout_ref.actor.optim.betas=0.9"], "actor_rollout_ref.actor.optim.betas", "expected a list"),
-    (["trainer.logger=[console,swanlab]"], "trainer.logger", "unknown value 'swanlab'"),
+    (["trainer.logger=[console,clearml]"], "trainer.logger", "clearml is a verl logger that verl_async does not support"),
     (["~trainer.device"], "trainer.device", "no value"),
     (["trainer.default_local_dir=${trainer.nope}"], "trainer.default_local_dir", "trainer.nope"),
     (["actor_rollout_ref.model.lora_rank=8"], "actor_rollout_ref.model.lora_rank", "LoRA"),

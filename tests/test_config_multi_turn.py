@@ -1,14 +1,13 @@
-"""actor_rollout_ref.rollout.multi_turn.*: verl's names and defaults, one-line errors naming key and file,
-and verl's ReTool launch script (dapo_7b_async_retool.sh) composing here."""
+"""actor_rollout_ref.rollout.multi_turn.*: verl's names and defaults, one-line errors naming key and file.
+
+verl's ReTool launch script itself (tests/fixtures/verl09/dapo_7b_async_retool.sh) is run in
+tests/test_verl09_scripts.py; its reward function (recipe/retool/retool.py) is tested here."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from verl_async.config import ConfigError, compose, validate
@@ -104,59 +103,7 @@ def test_pdsr_is_refused_with_multi_turn():
               "rollout.n_gpus_per_node=2")
 
 
-def test_verls_newer_reward_spelling_is_copied(tmp_path):
-    fn = tmp_path / "score.py"
-    fn.write_text("def my_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
-    cfg = check(f"reward.custom_reward_function.path={fn}", "reward.custom_reward_function.name=my_score",
-                "reward.reward_manager.name=dapo", "reward.num_workers=2")
-    assert cfg.custom_reward_function.path == str(fn) and cfg.custom_reward_function.name == "my_score"
-    assert cfg.reward_model.reward_manager == "dapo" and cfg.reward_model.num_workers == 2
-
-
-# ------------------------------------------------------------------ verl's ReTool launch script
-RETOOL = REPO_ROOT / "scripts" / "dapo_7b_async_retool.sh"
-
-
-def retool_argv(tmp_path, model_dir) -> list[str]:
-    """The argv the script hands to python3 (a stand-in records it), with its data and model folders made."""
-    row = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": "1+1? Use the code interpreter."}],
-           "ability": "MATH", "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {"index": 0},
-           "agent_name": "tool_agent"}
-    for folder in ("BytedTsinghua-SIA/DAPO-Math-17k", "Maxwell-Jia/AIME_2024", "yentinglin/aime_2025"):
-        (tmp_path / "dataset" / folder).mkdir(parents=True)
-        pq.write_table(pa.Table.from_pylist([row] * 16), tmp_path / "dataset" / folder / "train.parquet")
-    ckpt = tmp_path / "checkpoint" / "multiturn-sft-qwen-2.5-7b-instruct"
-    ckpt.mkdir(parents=True)
-    (ckpt / "global_step_372").symlink_to(model_dir)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "python3").write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGV_OUT"\n')
-    (bindir / "python3").chmod(0o755)
-    env = {"PATH": f"{bindir}:/usr/bin:/bin", "DATA_ROOT": str(tmp_path), "HDFS_ROOT": str(tmp_path),
-           "ARGV_OUT": str(tmp_path / "argv")}
-    subprocess.run(["bash", str(RETOOL)], cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=60)
-    return (tmp_path / "argv").read_text().split("\0")[:-1]
-
-
-def test_retool_script_composes_and_asks_only_for_what_we_lack(tmp_path, tiny_model_dir):
-    argv = retool_argv(tmp_path, tiny_model_dir)
-    assert argv[:2] == ["-m", "recipe.fully_async_main"]
-    overrides = argv[2:]
-    with pytest.raises(ConfigError) as err:
-        validate(compose(overrides=overrides))
-    assert str(err.value) == ("actor_rollout_ref.actor.ulysses_sequence_parallel_size: 4: Ulysses sequence parallelism "
-                              "is not implemented (FSDP2 shards parameters only); set it to 1")
-    sp1 = [o.replace("ulysses_sequence_parallel_size=4", "ulysses_sequence_parallel_size=1") for o in overrides]
-    cfg = validate(compose(overrides=sp1))
-    mt = cfg.actor_rollout_ref.rollout.multi_turn
-    assert mt.enable and mt.max_user_turns == mt.max_assistant_turns == 16 and mt.format == "hermes"
-    assert mt.tool_config_path == str(REPO_ROOT / "recipe/retool/sandbox_fusion_tool_config.yaml")
-    assert cfg.custom_reward_function.path == "recipe/retool/retool.py"
-    assert cfg.custom_reward_function.name == "compute_score"
-    assert cfg.actor_rollout_ref.rollout.n == 16 and cfg.data.max_response_length == 16384
-    assert cfg.async_training.partial_rollout is True and cfg.async_training.trigger_parameter_sync_step == 4
-
-
+# ------------------------------------------------------------------ ReTool (its script: tests/test_verl09_scripts.py)
 def test_retool_reward_rewards_boxed_answers_and_tool_use():
     sys.path.insert(0, str(REPO_ROOT))
     from recipe.retool.retool import compute_score

@@ -6,6 +6,7 @@ import collections
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -234,6 +235,28 @@ def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(tmp_path, tin
     proc.wait(timeout=30)
     resumed = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    said = re.search(r"resuming from \S+/global_step_\d+/actor \(step (\d+) of 8\)", resumed.stdout)  # 16 / 2
+    assert said, resumed.stdout[-3000:]
+    k = int(said.group(1))
+    assert f"{8 - k} steps trained (resumed at step {k}, now at step 8)" in resumed.stdout, resumed.stdout[-2000:]
     uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
     counts = collections.Counter(uids)
     assert len(counts) == 16 and set(counts.values()) == {1}, counts
+
+
+def test_validation_generations_reach_tensorboard_and_the_file_logger(ray_session, tmp_path, tiny_model_dir, data_files):
+    """trainer.log_val_generations=2 across Ray: the Rollouter picks them, the Trainer's tracker writes them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_pipeline(tmp_path, tiny_model_dir, data_files, "trainer.test_freq=2", "trainer.log_val_generations=2",
+                 "trainer.logger=[tensorboard,file]", "async_training.trigger_parameter_sync_step=1")
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    shown = [(x["step"], x["data"]["val/generations"]) for x in lines if "val/generations" in x["data"]]
+    assert [step for step, _ in shown] == [2, 4]  # test_freq=2 over 4 versions; the end reuses version 4's
+    assert all(len(samples) == 2 and set(samples[0]) == {"input", "output", "score"} for _, samples in shown)
+    assert [x["step"] for x in lines if "val/mean@1/acc" in x["data"]] == [2, 4]  # the metrics, logged apart
+    events = [f for f in os.listdir(tmp_path / "run" / "tensorboard") if f.startswith("events")]
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard" / events[0]), size_guidance={"tensors": 0})
+    acc.Reload()
+    texts = acc.Tensors("val/generations/text_summary")
+    assert [t.step for t in texts] == [2, 4] and shown[0][1][0]["input"] in texts[0].tensor_proto.string_val[0].decode()

@@ -10,6 +10,7 @@ run stops with one message naming the config key that asked for it and the insta
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Optional
@@ -34,6 +35,14 @@ MEGATRON = OptionalDependency(
 
 class MissingDependencyError(ImportError):
     """An optional dependency that the config asks for is not installed (or does not import)."""
+
+
+def is_installed(dependency: OptionalDependency) -> bool:
+    """Whether the package can be found, without importing it (the preflight asks before Ray starts)."""
+    try:
+        return importlib.util.find_spec(dependency.package) is not None
+    except ImportError:  # a parent package is missing ("megatron" for "megatron.core")
+        return False
 
 
 def require(dependency: OptionalDependency, module: Optional[str] = None) -> ModuleType:

@@ -19,6 +19,7 @@ from verl_async.models.builtin import resolve_model_path
 from verl_async.models.loading import load_tokenizer
 from verl_async.queue import MessageQueue
 from verl_async.config.derived import FINISH_TIMEOUT_RULE, max_required_samples, required_samples
+from verl_async.config.resume import step_of
 from verl_async.errors import PipelineError, root_cause
 from verl_async.rollout.service import RolloutService
 from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
@@ -184,6 +185,13 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
         )
         actors.append(trainer)
         version = _get("the resume", trainer.restore.remote(), timeout)
+        total_steps = None
+        if rollouter is not None:
+            prompts = int(ray.get(rollouter.total_prompts.remote(), timeout=timeout))
+            total_steps = max(1, -(-prompts // required_samples(cfg)))
+        resumed = _get("the resume", trainer.resume_point.remote(), timeout)
+        print(f"resuming from {resumed['path']}{step_of(resumed['step'], total_steps)}" if resumed["path"]
+              else "starting fresh", flush=True)
         _get("the first weight sync", trainer.push_weights.remote(False), timeout)  # version `version` on every replica
         timeouts = _get("the timeouts query", trainer.timeouts.remote(), timeout)
         before: dict[str, Any] = {}
@@ -195,10 +203,6 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
                       f"{failure}", flush=True)
             elif before:
                 print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
-        total_steps = None
-        if rollouter is not None:
-            prompts = int(ray.get(rollouter.total_prompts.remote(), timeout=timeout))
-            total_steps = max(1, -(-prompts // required_samples(cfg)))
         refs = {"trainer": trainer.run.remote()}
         if rollouter is not None:
             refs["rollouter"] = rollouter.run.remote()
@@ -265,8 +269,10 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     if rollout.get("reward_errors"):
         print(f"warning: the reward function failed on {rollout['reward_errors']} of {rollout.get('reward_scored', 0)} "
               f"scored responses (scored 0; the first failures are in the log; reward_model.max_error_rate)", flush=True)
+    steps, start = summary.get("trainer/steps", 0), summary.get("trainer/start_step", 0)
+    resumed = f" (resumed at step {start}, now at step {steps})" if start else ""
     print(
-        f"done in {wall:.1f}s: {summary.get('trainer/steps', 0)} steps, version {summary.get('trainer/version', 0)}, "
+        f"done in {wall:.1f}s: {steps - start} steps trained{resumed}, version {summary.get('trainer/version', 0)}, "
         f"outputs in {run_dir} (tensorboard/, timeline.html, rollout/lengths.jsonl)",
         flush=True,
     )

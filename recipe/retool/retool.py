@@ -1,4 +1,4 @@
-"""ReTool's reward for `scripts/dapo_7b_async_retool.sh` (verl's recipe/retool, rewritten for verl_async).
+"""ReTool's reward for verl's `dapo_7b_async_retool.sh` (the path it names; verl's recipe/retool, rewritten here).
 
 `compute_score` scores the last `\\boxed{}` answer like DAPO (+1 / -1) and, as ReTool does,
 softens a wrong answer's penalty for trajectories that used the interpreter more

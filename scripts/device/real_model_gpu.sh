@@ -20,6 +20,9 @@
 #                      gsm8k  like async, on GSM8K train with the real test split as validation
 #                    Same data, steps, loss and validation otherwise. Layout: 2+ GPUs -> 1 rollout GPU + 1 train
 #                    GPU, weights over NCCL; 1 GPU -> rollout.colocate=true (engine beside the trainer, object store).
+#   readme:NAME      the README's bash block marked `<!-- gpu-command: NAME -->`, run verbatim with bash from the repo root
+#                    (HOME=/root), timed; its console in $STORE/readme-NAME.log, its run folder archived as
+#                    $STORE/readme-NAME.tar.gz (the block's trainer.default_local_dir, else outputs/)
 #   megatron         scripts/device/megatron_gpu_check.sh ($STORE/megatron_check.tar.gz); megatron-core comes from
 #                    .carry/mc (scripts/device/megatron_wheels.sh), carried in a stash call
 #   queue:P1,P2,...  run phases P1, P2 ... (e.g. train:sync-1,engine) one after another in the background;
@@ -141,10 +144,28 @@ PY
         echo "--- $(basename "$d"): $(tr '\r' '\n' < "$d/console.log" | grep -a "training:" | tail -n 1 | cut -c1-150)"
         tr '\r' '\n' < "$d/console.log" | grep -aE "val/mean@1/acc|run failed|Error" | tail -n 3 | cut -c1-300
       done
-      for f in "$STORE"/*.tar.gz "$STORE"/*.json "$STORE"/engine*.log "$STORE"/ipc_test.log; do
+      for f in "$STORE"/*.tar.gz "$STORE"/*.json "$STORE"/engine*.log "$STORE"/ipc_test.log "$STORE"/*.console.log; do
         [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"
       done
       ls "$OUT" ;;
+    readme:*)  # a README command exactly as a user runs it (python = this image's python3)
+      name=${phase#readme:}
+      block=$(awk -v tag="<!-- gpu-command: $name -->" '$0 == tag {found=1; next} found && /^```bash/ {inb=1; next}
+              inb && /^```/ {exit} inb {print}' README.md)
+      [ -n "$block" ] || { echo "README.md has no block marked gpu-command: $name" >&2; status=2; continue; }
+      mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python
+      echo "=== readme:$name, verbatim:"; echo "$block"
+      t0=$SECONDS
+      PATH=/tmp/pybin:$PATH timeout --kill-after=15 "${README_LIMIT:-900}" bash -c "$block" > "$STORE/readme-$name.log" 2>&1
+      rc=$?
+      echo "=== readme:$name: rc=$rc in $((SECONDS - t0))s"
+      tr '\r' '\n' < "$STORE/readme-$name.log" | grep -aE "validation|done in|run failed|Error|resuming|starting fresh" | tail -n 12
+      dir=$(echo "$block" | grep -o 'trainer.default_local_dir=[^ ]*' | cut -d= -f2)
+      dir=${dir:-$(ls -dt outputs/*/* 2>/dev/null | head -1)}
+      (cd "${dir:-.}" && tar czf "$STORE/readme-$name.tar.gz" --ignore-failed-read tensorboard timeline.jsonl \
+          timeline.html config.yaml 2>/dev/null)
+      cp "$STORE/readme-$name.log" "$STORE/readme-$name.console.log"
+      [ $rc -eq 0 ] || status=1 ;;
     megatron)  # the Megatron GPU check (issue 15) on this machine's GPUs; needs megatron-core (.carry/mc stashed)
       rm -rf "$STORE/megatron" && mkdir -p "$STORE/megatron"
       OUT=$STORE/megatron bash scripts/device/megatron_gpu_check.sh > "$STORE/megatron/megatron_check.log" 2>&1 \

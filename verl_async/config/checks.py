@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
 from verl_async.models.names import BUILTIN_MODELS, is_gguf
+from verl_async.utils.tracking import logger_problem
 
 Check = Callable[[DictConfig], None]
 CHECKS: List[Check] = []
 
 BUILTIN_PREFIX = "builtin://"
+_A = "actor_rollout_ref"
 
 
 def check(fn: Check) -> Check:
@@ -81,10 +83,43 @@ def strategy_sections(cfg: DictConfig) -> None:
 
 @check
 def unsupported_features(cfg: DictConfig) -> None:
-    if cfg.actor_rollout_ref.model.lora_rank > 0:
-        raise ConfigError("actor_rollout_ref.model.lora_rank", "LoRA is not supported by verl_async; set it to 0")
-    if cfg.reward_model.enable:
-        raise ConfigError("reward_model.enable", "model-based reward models are not supported; rewards are rule-based")
+    """verl features verl_async does not implement, set on: refused, saying what to do instead."""
+    reward_model = ("model-based reward models are not supported; rewards are rule-based (set it to false and score "
+                    "with reward.custom_reward_function.path/name)")
+    refusals = {
+        "actor_rollout_ref.model.lora_rank": (
+            cfg.actor_rollout_ref.model.lora_rank > 0, "LoRA is not supported by verl_async; set it to 0"),
+        "reward_model.enable": (cfg.reward_model.enable, reward_model),
+        "reward.reward_model.enable": (bool(cfg.reward.reward_model.get("enable")), reward_model),
+        "data.custom_cls.path": (
+            cfg.data.custom_cls.path is not None,
+            "custom dataset classes are not supported; write the data as verl's parquet schema (prompt, data_source, "
+            "reward_model.ground_truth) and set data.custom_cls.path=null"),
+        "reward.reward_manager.source": (
+            cfg.reward.reward_manager.source == "importlib",
+            "importlib (a custom reward manager class) is not supported; use reward.reward_manager.name=naive|dapo "
+            "with a reward.custom_reward_function"),
+        "reward.sandbox_fusion.url": (
+            cfg.reward.sandbox_fusion.get("url") is not None,
+            "code-execution rewards (sandbox fusion) are not supported; score with reward.custom_reward_function"),
+    }
+    for key, (refused, why) in refusals.items():
+        if refused:
+            raise ConfigError(key, why)
+
+
+@check
+def no_expert_parallelism(cfg: DictConfig) -> None:
+    """The Megatron trainer converts dense models only: expert parallelism would have no experts to split."""
+    if cfg.actor_rollout_ref.actor.strategy != "megatron":
+        return
+    for role in ("actor", "ref"):
+        m = cfg.actor_rollout_ref[role].megatron
+        for name, neutral in (("expert_model_parallel_size", (1,)), ("expert_tensor_parallel_size", (None, 1))):
+            if m[name] not in neutral:
+                raise ConfigError(f"actor_rollout_ref.{role}.megatron.{name}",
+                                  f"{m[name]}: MoE expert parallelism is not implemented (the Megatron trainer "
+                                  "converts dense models); set it to 1")
 
 
 @check
@@ -234,6 +269,48 @@ def lengths(cfg: DictConfig) -> None:
         )
 
 
+def token_budget_problem(cfg: DictConfig, null_tokens: Optional[int] = None) -> Optional[ConfigError]:
+    """With dynamic batch sizes a micro-batch packs whole sequences up to a token budget, so the longest
+    possible sequence must fit one (the trainer would otherwise fail at the first update, hours in).
+
+    `null_tokens`: what a null budget stands for (4096 on CPU, trainer/token_budget.py); None: not known
+    here (on an accelerator it is sized after the model is built, never below the longest sequence).
+    """
+    if cfg.debug.rollout_only:
+        return None
+    aref, data = cfg.actor_rollout_ref, cfg.data
+    response = aref.rollout.response_length
+    response_key = "data.max_response_length" if response == data.max_response_length else f"{_A}.rollout.response_length"
+    longest = data.max_prompt_length + response
+    budgets = [
+        (f"{_A}.actor.ppo_max_token_len_per_gpu", aref.actor.ppo_max_token_len_per_gpu, aref.actor.use_dynamic_bsz,
+         "update"),
+        (f"{_A}.rollout.log_prob_max_token_len_per_gpu", aref.rollout.log_prob_max_token_len_per_gpu,
+         aref.rollout.log_prob_use_dynamic_bsz and derived.recomputes_old_log_probs(cfg), "old log-prob"),
+        (f"{_A}.ref.log_prob_max_token_len_per_gpu", aref.ref.log_prob_max_token_len_per_gpu,
+         aref.ref.log_prob_use_dynamic_bsz and derived.uses_reference_policy(cfg), "reference log-prob"),
+    ]
+    for key, value, used, what in budgets:
+        budget = null_tokens if value is None else value
+        if used and budget is not None and budget < longest:
+            said = f"{budget} tokens" if value is not None else f"null ({budget} tokens on CPU)"
+            return ConfigError(
+                key,
+                f"{said} per {what} micro-batch cannot hold one sequence of up to data.max_prompt_length + "
+                f"{response_key} = {data.max_prompt_length} + {response} = {longest} tokens (dynamic batch size packs "
+                f"whole sequences); raise it to at least {longest} or shorten those lengths",
+            )
+    return None
+
+
+@check
+def sequence_fits_token_budgets(cfg: DictConfig) -> None:
+    """Budgets given as numbers; a null one is checked by the preflight (its value depends on the device)."""
+    problem = token_budget_problem(cfg)
+    if problem is not None:
+        raise problem
+
+
 @check
 def long_tail(cfg: DictConfig) -> None:
     lt = cfg.async_training.long_tail
@@ -282,6 +359,18 @@ def colocation(cfg: DictConfig) -> None:
             f"{cfg.async_training.sync_transport} cannot join two processes of one device (rollout.colocate=true); "
             "use object_store (or cuda_ipc on CUDA)",
         )
+
+
+# --------------------------------------------------------------------------- observability
+@check
+def loggers(cfg: DictConfig) -> None:
+    """verl's logger names; `tracking` (verl's deprecated name of wandb) is set to wandb here."""
+    names = ["wandb" if name == "tracking" else name for name in cfg.trainer.logger]
+    for name in names:
+        problem = logger_problem(name)
+        if problem:
+            raise ConfigError("trainer.logger", problem)
+    cfg.trainer.logger = list(dict.fromkeys(names))
 
 
 # --------------------------------------------------------------------------- files

@@ -34,7 +34,8 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "data.use_shm": Compat(False),
     "data.dataloader_num_workers": Compat(0),
     "data.filter_overlong_prompts_workers": Compat(1),
-    "data.custom_cls": Compat({"path": None, "name": None}, "custom dataset classes are not supported"),
+    "data.gen_batch_size": Compat(1, "the Rollouter hands a prompt to the engines as soon as one has room"),
+    "data.custom_cls.name": Compat(None, "custom dataset classes are not supported (data.custom_cls.path is refused)"),
     "data.apply_chat_template_kwargs": Compat({}),
     "actor_rollout_ref.hybrid_engine": Compat(False, "rollout and training never share devices in fully async mode"),
     "actor_rollout_ref.nccl_timeout": Compat(600),
@@ -47,7 +48,9 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.model.lora_alpha": Compat(16, "LoRA is not supported"),
     "actor_rollout_ref.model.target_modules": Compat("all-linear", "LoRA is not supported"),
     "actor_rollout_ref.model.exclude_modules": Compat(None, "LoRA is not supported"),
-    "actor_rollout_ref.actor.fsdp_config.strategy": Compat("fsdp2", "actor_rollout_ref.actor.strategy chooses the trainer"),
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": Compat(
+        -1, "the FSDP2 trainer shards parameters over all its ranks, without hybrid sharding; the numbers are the same"),
+    "actor_rollout_ref.actor.fsdp_config.forward_prefetch": Compat(False, _UNUSED_FSDP),
     "actor_rollout_ref.actor.optim.override_optimizer_config": Compat({}, "only the Megatron trainer uses it", "megatron"),
     "actor_rollout_ref.actor.megatron.use_mbridge": Compat(False, "weights are converted by verl_async itself"),
     "actor_rollout_ref.actor.megatron.use_dist_checkpointing": Compat(False, "the model loads from actor_rollout_ref.model.path"),
@@ -61,6 +64,11 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": Compat(
         "strict", "turns are tokenised once, as appended; nothing is re-tokenised to compare"),
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Compat(None, "use actor_rollout_ref.rollout.n"),
+    "reward.reward_manager.module": Compat({"path": None, "name": "custom_reward_manager"},
+                                           "custom reward manager classes are not supported"),
+    "reward.reward_model": Compat({"enable": False}, "model-based rewards are not supported"),
+    "reward.sandbox_fusion": Compat({"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
+                                    "code-execution rewards are not supported"),
     "trainer.critic_warmup": Compat(0, "there is no critic"),
     "trainer.default_hdfs_dir": Compat(None),
     "trainer.del_local_ckpt_after_load": Compat(False),
@@ -73,19 +81,37 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "global_profiler": Compat({}),
 }
 
-# verl spellings copied onto the key verl_async reads: (from, to).
-ALIASES: Tuple[Tuple[str, str], ...] = (
-    ("ray_kwargs.ray_init.num_cpus", "ray_init.num_cpus"),
-    ("ray_kwargs.timeline_json_file", "ray_init.timeline_json_file"),
-)
+class Alias(NamedTuple):
+    """A verl spelling whose value, when set (not null, not {}), is copied onto the key verl_async reads.
 
-# verl's newer spellings of keys whose old spelling has a non-null default: (newer, older). When the
-# newer one is set it wins (a script written for a newer verl sets only it).
-NEWER_SPELLINGS: Tuple[Tuple[str, str], ...] = (
-    ("reward.custom_reward_function.path", "custom_reward_function.path"),
-    ("reward.custom_reward_function.name", "custom_reward_function.name"),
-    ("reward.reward_manager.name", "reward_model.reward_manager"),
-    ("reward.num_workers", "reward_model.num_workers"),
+    `dst_default` is dst's YAML default: a dst holding anything else was set by the run too,
+    and a different value there is a conflict (validate() names src).
+    """
+
+    src: str
+    dst: str
+    dst_default: Any = None
+
+
+_BYPASS = "algorithm.rollout_correction.bypass_mode"
+_BUCKET = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+
+ALIASES: Tuple[Alias, ...] = (
+    Alias("ray_kwargs.ray_init.num_cpus", "ray_init.num_cpus"),
+    Alias("ray_kwargs.timeline_json_file", "ray_init.timeline_json_file"),
+    # verl 0.9's `reward` group onto the older layout that verl_async.reward reads
+    Alias("reward.num_workers", "reward_model.num_workers", 1),
+    Alias("reward.reward_manager.name", "reward_model.reward_manager", "naive"),
+    Alias("reward.reward_kwargs", "reward_model.reward_kwargs", {}),
+    Alias("reward.custom_reward_function.path", "custom_reward_function.path"),
+    Alias("reward.custom_reward_function.name", "custom_reward_function.name", "compute_score"),
+    # verl 0.9: bypass_mode=true trains with the rollout's log-probs as the old policy
+    Alias(_BYPASS, "async_training.use_rollout_log_probs", True),
+    Alias(_BYPASS, "actor_rollout_ref.actor.use_rollout_log_probs", True),
+    # verl 0.9's weight-sync settings (one bucket size for every transport, as sync_bucket_size_mb)
+    Alias("actor_rollout_ref.rollout.checkpoint_engine.backend", "async_training.sync_transport", "auto"),
+    Alias(_BUCKET, "async_training.sync_bucket_size_mb", 256),
+    Alias(_BUCKET, "async_training.checkpoint_engine.device_buffer_size_M", 256),
 )
 
 _ABSENT = object()

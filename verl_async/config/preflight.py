@@ -1,25 +1,32 @@
-"""Checks against the machine, after validate(): the device exists, the data files read.
+"""Checks against the machine, after validate() and before Ray starts; the dry run runs them all.
 
-validate() looks at the config alone (fast, no torch); preflight() opens things, so
-the entry point runs it once before starting Ray. Data files are resolved and
-schema-checked with verl_async.data, the code the Rollouter loads them with. Problems
-raise ConfigError naming the key that points at the bad thing.
+validate() looks at the config alone (fast, no torch); preflight() opens things: the
+device, the optional packages the config asks for (vLLM, megatron-core), the model (a local folder, the HF cache or a reachable hub),
+the custom reward function, and the data, tokenised with the model's tokenizer and chat
+template exactly as the Rollouter will (verl_async.data.PromptDataset), so an overlong
+prompt under `data.truncation=error` is reported with its file, row and length. Last it
+decides what the run resumes (verl_async.config.resume) before anything is written.
+Problems raise ConfigError naming the key (or the file and row) to fix.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from typing import Any, Dict, Optional
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
+from verl_async.config.model_source import prompt_tokenizer
+from verl_async.config.resume import plan_resume
 from verl_async.versions import check_transformers
 
 
 def preflight(cfg: DictConfig) -> Dict[str, Any]:
-    """Check transformers, device, model folder and data; return facts for the summary (rows per split).
+    """Check transformers, device, packages, model, reward function, data and resume; return facts for the summary.
 
     An unsupported transformers raises verl_async.versions.UnsupportedTransformersError (the entry
     point prints it in one line) before anything builds a model.
@@ -27,16 +34,26 @@ def preflight(cfg: DictConfig) -> Dict[str, Any]:
     check_transformers()
     check_device(cfg)
     check_model_folder(cfg)
-    rows = {split: count_rows(cfg, split) for split in ("train", "val")}
-    train_rows = rows["train"]
+    check_loggers(cfg)
+    check_optional_packages(cfg)
+    check_cpu_token_budgets(cfg)
+    check_reward_function(cfg)
+    tokenizer = prompt_tokenizer(cfg)
+    datasets = {split: load_prompts(cfg, tokenizer, split) for split in ("train", "val")}
+    rows = {split: None if d is None else d.stats.rows_read for split, d in datasets.items()}
+    prompts = {split: None if d is None else len(d) for split, d in datasets.items()}
+    for dataset in filter(None, datasets.values()):
+        check_scorers(cfg, dataset)
     need = derived.required_samples(cfg)
-    if train_rows is not None and train_rows < need:
+    if prompts["train"] is not None and prompts["train"] < need:
+        unused = "" if prompts["train"] == rows["train"] else f" (of {rows['train']} read; the rest were skipped or filtered)"
         raise ConfigError(
             "actor_rollout_ref.actor.ppo_mini_batch_size",
             f"one trainer step needs {need} prompts (ppo_mini_batch_size * async_training.require_batches) "
-            f"but data.train_files has only {train_rows} rows",
+            f"but data.train_files has only {prompts['train']} rows{unused}",
         )
-    return {"rows": rows}
+    resume = plan_resume(cfg, prompts["train"])
+    return {"rows": rows, "prompts": prompts, "resume": resume}
 
 
 def check_device(cfg: DictConfig) -> None:
@@ -52,28 +69,114 @@ def check_device(cfg: DictConfig) -> None:
 
 
 def check_model_folder(cfg: DictConfig) -> None:
-    """A local model folder (validate() made sure it exists) must hold an HF config."""
-    path = os.path.expanduser(cfg.actor_rollout_ref.model.path)
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
-        raise ConfigError("actor_rollout_ref.model.path", f"{cfg.actor_rollout_ref.model.path} has no config.json (not an HF model folder)")
+    """A local model folder (validate() made sure it exists) must hold the HF config of a text-only model."""
+    given = cfg.actor_rollout_ref.model.path
+    path = os.path.expanduser(given)
+    if not os.path.isdir(path):
+        return
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise ConfigError("actor_rollout_ref.model.path", f"{given} has no config.json (not an HF model folder)")
+    try:
+        with open(config_file, encoding="utf-8") as fh:
+            hf_config = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("actor_rollout_ref.model.path", f"{config_file} does not read as JSON: {exc}") from None
+    if isinstance(hf_config, dict) and "vision_config" in hf_config:
+        raise ConfigError("actor_rollout_ref.model.path", f"{given} is a vision-language model (config.json has "
+                                                          "vision_config); VLM training is not implemented in "
+                                                          "verl_async: use a text-only model")
 
 
-def count_rows(cfg: DictConfig, split: str) -> Optional[int]:
-    """Rows in data.<split>_files, each file read and schema-checked by verl_async.data.
+def check_loggers(cfg: DictConfig) -> None:
+    """Each trainer.logger backend's package is installed (the trainer would fail to start without it)."""
+    from verl_async.utils.tracking import missing_packages
 
-    builtin:// datasets are generated (and cached) here on first use. None when unset.
+    missing = missing_packages(cfg.trainer.logger)
+    if missing:
+        raise ConfigError("trainer.logger", missing[0])
+
+
+def check_cpu_token_budgets(cfg: DictConfig) -> None:
+    """A null token budget means 4096 on CPU (trainer/token_budget.py), whatever the sequence length: the
+    rule validate() applies to numbers (on an accelerator a null budget is sized to fit the longest sequence)."""
+    if cfg.trainer.device != "cpu":
+        return
+    from verl_async.config.checks import token_budget_problem
+    from verl_async.trainer.token_budget import CPU_TOKENS
+
+    problem = token_budget_problem(cfg, CPU_TOKENS)
+    if problem is not None:
+        raise problem
+
+
+def check_optional_packages(cfg: DictConfig) -> None:
+    """vLLM / megatron-core, when the config asks for them, must be installed here (a cluster's workers run the
+    same environment); without this the run failed 50-100 s later inside a Ray traceback."""
+    from verl_async.optional import MEGATRON, VLLM, is_installed
+
+    wanted = [("actor_rollout_ref.rollout.name", VLLM, "native (the built-in engine)",
+               cfg.actor_rollout_ref.rollout.name == "vllm" and not cfg.debug.get("train_only")),
+              ("actor_rollout_ref.actor.strategy", MEGATRON, "fsdp2", cfg.actor_rollout_ref.actor.strategy == "megatron")]
+    for key, dependency, instead, needed in wanted:
+        if needed and not is_installed(dependency):
+            raise ConfigError(key, f"{OmegaConf.select(cfg, key)} needs {dependency.package}, which is not installed in "
+                                   f"this Python ({sys.executable}): {dependency.install}; or use {key}={instead}")
+
+
+def check_reward_function(cfg: DictConfig) -> None:
+    """custom_reward_function.path/name load here, as the Rollouter loads them (verl_async.reward.registry)."""
+    from verl_async.reward.registry import custom_scorer_ref
+
+    crf = cfg.custom_reward_function
+    try:
+        custom_scorer_ref(crf.path, crf.name)
+    except (ValueError, AttributeError) as exc:  # no name, or no function of that name
+        raise ConfigError("custom_reward_function.name", _reason(exc)) from None
+    except (OSError, ImportError) as exc:  # no such file, or importing it failed
+        raise ConfigError("custom_reward_function.path", _reason(exc)) from None
+
+
+def _reason(exc: Exception) -> str:
+    """The registry's message without its leading `custom_reward_function.<key>=` (the error names the key)."""
+    text = str(exc)
+    head, sep, tail = text.partition(": ")
+    if not (text.startswith("custom_reward_function.") and sep):
+        return text
+    value = head.partition("=")[2]
+    return f"{value}: {tail}" if value else tail
+
+
+def check_scorers(cfg: DictConfig, dataset: Any) -> None:
+    """Without a custom function every data_source needs a built-in scorer (else the first group fails)."""
+    if cfg.custom_reward_function.path:
+        return
+    from verl_async.reward import UnknownDataSourceError, resolve_scorer
+
+    first = {}
+    for item in dataset:
+        first.setdefault(item.data_source, item.source)
+    for data_source, source in first.items():
+        try:
+            resolve_scorer(data_source)
+        except UnknownDataSourceError as exc:
+            raise ConfigError(dataset.key, f"{source}: {exc}") from None
+
+
+def load_prompts(cfg: DictConfig, tokenizer: Any, split: str) -> Optional[Any]:
+    """data.<split>_files read, schema-checked and tokenised by verl_async.data (None when unset).
+
+    builtin:// datasets are generated (and cached) here on first use.
     """
-    from verl_async.data import DataError, check_schema, read_table, resolve_data_files
+    from verl_async.data import DataError, PromptDataset
 
     key, value = f"data.{split}_files", cfg.data[f"{split}_files"]
     if value is None or (isinstance(value, ListConfig) and len(value) == 0):
         return None
-    total = 0
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("actor_rollout_ref.model.path", f"{cfg.actor_rollout_ref.model.path}: the tokenizer has no "
+                          "chat template, so prompts cannot be built")
     try:
-        for path in resolve_data_files(value, key):
-            table = read_table(path, key)
-            check_schema(table, path, cfg.data.prompt_key, cfg.data.reward_fn_key)
-            total += table.num_rows
+        return PromptDataset.from_config(cfg.data, tokenizer, split)
     except (DataError, FileNotFoundError, ValueError) as exc:
         raise ConfigError(key, str(exc).removeprefix(f"{key}: ")) from None
-    return total

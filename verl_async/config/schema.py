@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from verl_async.utils.tracking import SUPPORTED_LOGGERS as LOGGERS
-
 # Allowed values. They mirror the registries of the modules that implement them
 # (verl_async.algos, .data, .reward, .utils), which import torch/pyarrow; this module
 # must not, so tests/test_config.py checks that the lists agree.
@@ -37,6 +35,11 @@ STRATEGIES = ("fsdp", "fsdp2", "megatron")  # fsdp (verl's FSDP1) runs as fsdp2
 SYNC_TRANSPORTS = ("auto", "object_store", "nccl", "hccl", "gloo", "cuda_ipc")
 REWARD_MANAGERS = ("naive", "dapo")
 LR_SCHEDULERS = ("constant", "cosine")
+FSDP_ENGINE_STRATEGIES = ("fsdp", "fsdp2")  # verl 0.9's fsdp_config.strategy; both run as FSDP2
+REWARD_MANAGER_SOURCES = ("register", "importlib")  # importlib (a custom class) is refused (config/verl09.py)
+VERL_IS_LEVELS = ("token", "sequence")  # verl 0.9's algorithm.rollout_correction.rollout_is
+VERL_CORRECTION_LOSSES = ("ppo_clip", "reinforce")  # reinforce is refused (config/verl09.py)
+SYNC_BACKENDS = ("nccl", "hccl")  # verl 0.9's rollout.checkpoint_engine.backend -> async_training.sync_transport
 MEGATRON_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 CORRECTION_LEVELS = ("token", "sequence", "geometric")
@@ -188,7 +191,7 @@ class WrapPolicyConfig:
 
 @schema
 class FSDPConfig:
-    strategy: str = rule(choices=("fsdp", "fsdp2"))
+    strategy: Optional[str] = rule(choices=FSDP_ENGINE_STRATEGIES)  # verl 0.9; null: actor.strategy decides
     param_offload: bool
     optimizer_offload: bool
     offload_policy: bool
@@ -202,6 +205,7 @@ class FSDPConfig:
 
 @schema
 class RefFSDPConfig:
+    strategy: Optional[str] = rule(choices=FSDP_ENGINE_STRATEGIES)
     param_offload: bool
     reshard_after_forward: bool
     wrap_policy: WrapPolicyConfig
@@ -310,6 +314,14 @@ class MultiTurnConfig:
 
 
 @schema
+class RolloutCheckpointEngineConfig:
+    """verl 0.9's weight-sync settings, copied onto async_training.* by validation."""
+
+    backend: Optional[str] = rule(choices=SYNC_BACKENDS)
+    update_weights_bucket_megabytes: Optional[int] = rule(gt=0)
+
+
+@schema
 class RolloutConfig:
     name: str = rule(choices=ROLLOUT_NAMES)
     mode: str
@@ -343,6 +355,7 @@ class RolloutConfig:
     multi_turn: MultiTurnConfig
     val_kwargs: ValKwargsConfig
     engine_kwargs: Dict[str, Any]
+    checkpoint_engine: RolloutCheckpointEngineConfig
 
 
 @schema
@@ -363,31 +376,24 @@ class CustomRewardFunctionConfig:
 
 
 @schema
-class NewerCustomRewardFunctionConfig:
-    path: Optional[str]
-    name: Optional[str]
-
-
-@schema
-class RewardManagerNameConfig:
-    name: Optional[str] = rule(choices=REWARD_MANAGERS)
-
-
-@schema
-class RewardSectionConfig:
-    """verl's newer `reward.*` spelling; validate() copies it onto custom_reward_function / reward_model."""
-
-    custom_reward_function: NewerCustomRewardFunctionConfig
-    reward_manager: RewardManagerNameConfig
-    num_workers: Optional[int] = rule(ge=1)
-
-
-@schema
 class KLCtrlConfig:
     type: str = rule(choices=KL_CTRL_TYPES)
     kl_coef: float = rule(ge=0)
     horizon: int = rule(gt=0)
     target_kl: float = rule(gt=0)
+
+
+@schema
+class VerlRolloutCorrectionConfig:
+    """verl 0.9's algorithm.rollout_correction, translated onto actor.rollout_correction (config/verl09.py)."""
+
+    rollout_is: Optional[str] = rule(choices=VERL_IS_LEVELS)
+    rollout_is_threshold: Any  # a number (TIS upper bound) or "lower_upper" (IcePop)
+    rollout_is_batch_normalize: bool
+    rollout_rs: Optional[str]  # token_k1 | seq_sum_k1 | seq_mean_k1
+    rollout_rs_threshold: Any
+    bypass_mode: Optional[bool]  # null: async_training.use_rollout_log_probs decides
+    loss_type: str = rule(choices=VERL_CORRECTION_LOSSES)
 
 
 @schema
@@ -400,6 +406,7 @@ class AlgorithmConfig:
     kl_penalty: str = rule(choices=KL_TYPES)
     kl_ctrl: KLCtrlConfig
     max_staleness: Optional[int] = rule(ge=0)
+    rollout_correction: VerlRolloutCorrectionConfig
 
 
 @schema
@@ -416,13 +423,44 @@ class RewardModelConfig:
 
 
 @schema
+class RewardManagerModuleConfig:
+    path: Optional[str]
+    name: str
+
+
+@schema
+class VerlRewardManagerConfig:
+    source: str = rule(choices=REWARD_MANAGER_SOURCES)
+    name: Optional[str] = rule(choices=REWARD_MANAGERS)
+    module: RewardManagerModuleConfig
+
+
+@schema
+class VerlCustomRewardFunctionConfig:
+    path: Optional[str]
+    name: Optional[str]
+
+
+@schema
+class RewardConfig:
+    """verl 0.9's `reward` group; a value set here is copied onto reward_model.* / custom_reward_function.*."""
+
+    num_workers: Optional[int] = rule(ge=1)
+    reward_manager: VerlRewardManagerConfig
+    custom_reward_function: VerlCustomRewardFunctionConfig
+    reward_kwargs: Dict[str, Any]
+    reward_model: Dict[str, Any]  # model-based rewards: enable=true is refused (checks.py)
+    sandbox_fusion: Dict[str, Any]  # code-execution rewards: a url is refused (checks.py)
+
+
+@schema
 class TrainerConfig:
     balance_batch: bool
     total_epochs: int = rule(ge=1)
     total_training_steps: Optional[int] = rule(gt=0)
     project_name: str
     experiment_name: str
-    logger: Any = rule(choices=LOGGERS)  # a list of loggers (a single name is accepted)
+    logger: Any  # a list of loggers (a single name is accepted); names checked by checks.loggers
     log_val_generations: int = rule(ge=0)
     rollout_data_dir: Optional[str]
     validation_data_dir: Optional[str]
@@ -535,10 +573,10 @@ class RootConfig:
     data: DataConfig
     actor_rollout_ref: ActorRolloutRefConfig
     custom_reward_function: CustomRewardFunctionConfig
-    reward: RewardSectionConfig
     algorithm: AlgorithmConfig
     critic: Dict[str, Any]
     reward_model: RewardModelConfig
+    reward: RewardConfig
     trainer: TrainerConfig
     rollout: RolloutResourcesConfig
     async_training: AsyncTrainingConfig

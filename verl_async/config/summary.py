@@ -15,11 +15,15 @@ def _files(value: Any) -> str:
 
 def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
     arr, at, t = cfg.actor_rollout_ref, cfg.async_training, cfg.trainer
-    rows = (facts or {}).get("rows", {})
+    facts = facts or {}
+    rows, prompts = facts.get("rows", {}), facts.get("prompts", {})
 
     def data_line(split: str) -> str:
-        n = rows.get(split)
-        return _files(cfg.data[f"{split}_files"]) + (f"  ({n} rows)" if n is not None else "")
+        n, kept = rows.get(split), prompts.get(split)
+        if n is None:
+            return _files(cfg.data[f"{split}_files"])
+        used = "" if kept in (None, n) else f", {kept} used (skipped or filtered: {n - kept})"
+        return _files(cfg.data[f"{split}_files"]) + f"  ({n} rows{used})"
 
     lines = [
         f"model        {arr.model.path}",
@@ -38,4 +42,6 @@ def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
         f"per parameter version; partial_rollout {'on' if at.partial_rollout else 'off'}",
         f"outputs      {t.default_local_dir}  (loggers: {', '.join(t.logger)})",
     ]
+    if facts.get("resume") is not None:
+        lines.append(f"checkpoint   {facts['resume'].describe()}")
     return "\n".join(lines)

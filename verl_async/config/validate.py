@@ -19,8 +19,9 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from verl_async.config import schema as S
 from verl_async.config.checks import CHECKS
-from verl_async.config.compat import ALIASES, NEWER_SPELLINGS, warn_compat_keys, warn_once
+from verl_async.config.compat import ALIASES, warn_compat_keys
 from verl_async.config.errors import ConfigError
+from verl_async.config.verl09 import map_verl09, refuse_unimplemented
 
 _MISSING = object()
 
@@ -33,6 +34,7 @@ def validate(cfg: Any) -> DictConfig:
     Raises ConfigError on the first problem.
     """
     raw = _resolve(cfg)
+    refuse_unimplemented(raw)
     strategy = _select(raw, "actor_rollout_ref.actor.strategy")
     _check_strategy_sections(raw, strategy)
     root = S.root_schema(strategy)
@@ -139,24 +141,22 @@ def _check_value(key: str, v: Any, rule: Mapping[str, Any]) -> None:
             raise ConfigError(key, f"must be {sign} {rule[name]}, got {v}")
 
 
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
 def _normalize(cfg: DictConfig) -> None:
-    """Map verl spellings and fill verl's implicit defaults."""
-    for src, dst in ALIASES:
-        value = OmegaConf.select(cfg, src)
-        if value is None:
+    """Map verl spellings (compat.ALIASES, then verl 0.9's layout) and fill verl's implicit defaults."""
+    for alias in ALIASES:
+        value = _plain(OmegaConf.select(cfg, alias.src))
+        if value is None or value == {}:
             continue
-        current = OmegaConf.select(cfg, dst)
-        if current is not None and current != value:
-            raise ConfigError(src, f"{value!r} conflicts with {dst}={current!r}; set only one")
-        OmegaConf.update(cfg, dst, value)
-    for src, dst in NEWER_SPELLINGS:
-        value = OmegaConf.select(cfg, src)
-        if value is not None:
-            OmegaConf.update(cfg, dst, value)
+        current = _plain(OmegaConf.select(cfg, alias.dst))
+        if current != alias.dst_default and current != value:
+            raise ConfigError(alias.src, f"{value!r} conflicts with {alias.dst}={current!r}; set only one")
+        OmegaConf.update(cfg, alias.dst, value, merge=False)
+    map_verl09(cfg)
     actor = cfg.actor_rollout_ref.actor
-    if actor.strategy == "fsdp":  # verl's FSDP1; verl_async has FSDP2 only
-        warn_once("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.strategy=fsdp runs as fsdp2 (FSDP1 is not supported)")
-        actor.strategy = cfg.actor_rollout_ref.ref.strategy = "fsdp2"
     if actor.optim.warmup_style is not None:  # verl: the old name wins when set
         actor.optim.lr_scheduler_type = actor.optim.warmup_style
     for side in ("clip_ratio_low", "clip_ratio_high"):

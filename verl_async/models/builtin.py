@@ -60,6 +60,15 @@ def cache_root() -> str:
     return cache_path("models")
 
 
+def demo_model_folder(path: str) -> str:
+    """Where builtin://tiny[-random] is (or will be) cached: named by its spec, known without building it."""
+    name = path[len(SCHEME):]
+    if name not in SPECS:
+        raise ValueError(f"actor_rollout_ref.model.path: unknown built-in model {path!r}; available: {list(BUILTIN_MODELS)}")
+    digest = hashlib.sha1(json.dumps(asdict(SPECS[name]), sort_keys=True).encode()).hexdigest()[:10]
+    return os.path.join(cache_root(), f"{name}-{digest}")
+
+
 def resolve_model_path(path: str) -> str:
     """A local HF folder for `path`, built or converted once and cached when needed.
 
@@ -73,11 +82,8 @@ def resolve_model_path(path: str) -> str:
     name = path[len(SCHEME):]
     if name in REAL_CHECKPOINTS:
         return gguf_to_hf_folder(REAL_CHECKPOINTS[name]())
-    if name not in SPECS:
-        raise ValueError(f"actor_rollout_ref.model.path: unknown built-in model {path!r}; available: {list(BUILTIN_MODELS)}")
+    folder = demo_model_folder(path)
     spec = SPECS[name]
-    digest = hashlib.sha1(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:10]
-    folder = os.path.join(cache_root(), f"{name}-{digest}")
     return cached_folder(folder, "warmstart.json", lambda tmp: _build_tiny(tmp, spec))
 
 

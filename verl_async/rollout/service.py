@@ -209,7 +209,8 @@ class RolloutService:
         self.validator = None if self.val_dataset is None else Validator(
             self.val_dataset, self.reward, sampling_from(rollout_cfg, eos, validation=True),
             k=int(rollout_cfg.val_kwargs.n), max_num_seqs=int(rollout_cfg.max_num_seqs), timeline=self.timeline,
-            timeout_s=validation_timeout_s(cfg, len(self.val_dataset)), agent_loop=self.agent_loop,
+            timeout_s=validation_timeout_s(cfg, len(self.val_dataset)),
+            log_generations=int(cfg.trainer.log_val_generations), agent_loop=self.agent_loop,
         )
         self._run_started = time.monotonic()
 
@@ -293,8 +294,11 @@ class RolloutService:
         return out
 
     # ------------------------------------------------------------------ validation
-    async def validate(self, version: int) -> dict[str, float]:
-        """val/* metrics on data.val_files ({} without them), on the replicas in rotation (all when none is)."""
+    async def validate(self, version: int) -> dict[str, Any]:
+        """val/* metrics on data.val_files ({} without them), on the replicas in rotation (all when none is).
+
+        With trainer.log_val_generations=N also N samples under VAL_GENERATIONS_KEY (Validator.run).
+        """
         if self.validator is None:
             return {}
         return await self.validator.run([self.engines[i] for i in self.rollouter.health.serving()] or self.engines,

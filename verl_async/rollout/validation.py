@@ -30,6 +30,7 @@ from verl_async.rollout.agent_loop import reward_extra_info
 from verl_async.rollout.agent_stats import AgentStats
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.utils.timeline import Timeline
+from verl_async.utils.tracking import VAL_GENERATIONS_KEY, val_generations
 
 logger = logging.getLogger("verl_async.rollout")
 
@@ -90,7 +91,7 @@ class Validator:
     """k samples per validation prompt, scored; see the module docstring."""
 
     def __init__(self, dataset: Any, reward: Any, sampling: SamplingParams, *, k: int, max_num_seqs: int,
-                 timeline: Timeline, timeout_s: float, agent_loop: Any = None) -> None:
+                 timeline: Timeline, timeout_s: float, log_generations: int = 0, agent_loop: Any = None) -> None:
         self.agent_loop = agent_loop  # multi-turn: each sample is a whole trajectory (rollout/agent_loop.py)
         self.dataset = dataset
         self.reward = reward
@@ -99,9 +100,13 @@ class Validator:
         self.max_num_seqs = int(max_num_seqs)
         self.timeline = timeline
         self.timeout_s = float(timeout_s)
+        self.log_generations = int(log_generations)  # trainer.log_val_generations
 
-    async def run(self, engines: Sequence[InferenceEngine], version: int) -> dict[str, float]:
+    async def run(self, engines: Sequence[InferenceEngine], version: int) -> dict[str, Any]:
         """mean@k and pass@k of the scorer, with rollout.val_kwargs sampling, within `timeout_s`.
+
+        With `log_generations` = N > 0 the dict also holds N scored samples under
+        VAL_GENERATIONS_KEY (a list, not a metric: the trainer pops it for its tracker).
 
         Only responses that exist are scored: failed requests are counted
         (`val/failed_requests`, `val/missing_samples`), and a validation without any
@@ -126,7 +131,7 @@ class Validator:
         except asyncio.TimeoutError:
             logger.warning("validation at version %d: aborting its requests took over %.0f s", version, ABORT_WAIT_S)
 
-    async def _run(self, engines: Sequence[InferenceEngine], version: int) -> dict[str, float]:
+    async def _run(self, engines: Sequence[InferenceEngine], version: int) -> dict[str, Any]:
         k, sampling = self.k, self.sampling
         sem = asyncio.Semaphore(self.max_num_seqs * len(engines))
         t0 = self.timeline.now()
@@ -153,6 +158,7 @@ class Validator:
         scored: list[ScoredPrompt] = []
         lengths: list[int] = []
         reward_errors: list[str] = []
+        shown: list[tuple] = []  # (prompt ids, response ids, reward) of each scored response: log_generations
         for i, item in enumerate(items):
             group = [r for r in results[i * k : (i + 1) * k] if r.error is None]
             if not group:
@@ -166,6 +172,7 @@ class Validator:
             lengths += [len(r.token_ids) for r in group]
             reward_errors += [r.error for r in rewards if r.error is not None]
             ok = [r for r in rewards if r.error is None]  # a failed score is no answer, not a wrong one
+            shown += [(item.prompt_ids, r.token_ids, w.reward) for r, w in zip(group, rewards) if w.error is None]
             if ok:
                 scored.append(ScoredPrompt(item.data_source, [float(r.info.get("score", r.reward)) for r in ok],
                                            [float(r.info.get("acc", float(r.reward > 0))) for r in ok]))
@@ -174,8 +181,12 @@ class Validator:
                            "%s); they are left out of val/*", version, len(reward_errors), len(lengths),
                            reward_errors[0])
         self.timeline.record("rollout/validation", "validate", t0, self.timeline.now(), version)
-        out = validation_metrics(k, scored, lengths, requested=len(results), failed=len(errors),
-                                 reward_errors=len(reward_errors))
+        out: dict[str, Any] = validation_metrics(k, scored, lengths, requested=len(results), failed=len(errors),
+                                                 reward_errors=len(reward_errors))
+        if self.log_generations > 0 and shown:
+            out[VAL_GENERATIONS_KEY] = val_generations(self.reward.tokenizer, [p for p, _, _ in shown],
+                                                       [r for _, r, _ in shown], [w for _, _, w in shown],
+                                                       self.log_generations)
         if self.agent_loop is not None:
             out.update(agent_stats.metrics())
         return out

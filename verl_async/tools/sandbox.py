@@ -176,6 +176,20 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int, into: bytearray) 
             return True
 
 
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the group, read its output pipe to the end, reap it (each wait at most 5 s).
+
+    asyncio's Process.wait() returns only once the pipes are closed (Python 3.11), and a pipe
+    whose reader stopped (the output cap, the wall clock) is never read to its end otherwise.
+    """
+    _kill_group(proc.pid)
+    try:
+        await asyncio.wait_for(proc.stdout.read(), timeout=5)
+        await asyncio.wait_for(proc.wait(), timeout=5)
+    except asyncio.TimeoutError:  # something outside the group holds the pipe: leave it
+        pass
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -211,26 +225,20 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         except asyncio.TimeoutError:
             timed_out = True
         if timed_out or truncated:
-            _kill_group(proc.pid)
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=max(0.1, limits.wall_time_s - (time.monotonic() - started)))
-        except asyncio.TimeoutError:
-            timed_out = True
-            _kill_group(proc.pid)
-            await proc.wait()
-        if timed_out or truncated:  # read to the end (it is dead): the pipe, and with it the transport, closes
+            await _stop(proc)
+        else:
             try:
-                await asyncio.wait_for(proc.stdout.read(), timeout=5)
-            except asyncio.TimeoutError:  # something outside the group holds the pipe: leave it
-                pass
+                await asyncio.wait_for(proc.wait(), timeout=max(0.1, limits.wall_time_s - (time.monotonic() - started)))
+            except asyncio.TimeoutError:  # it closed its output but ran on
+                timed_out = True
+                await _stop(proc)
     except (BrokenPipeError, ConnectionResetError):  # it died before reading its code
-        await proc.wait()
+        await _stop(proc)
     except BaseException:  # cancelled (the agent loop's timeout, a stop): leave nothing running
-        _kill_group(proc.pid)
-        try:  # reap it (SIGKILL: at once), so its pipes close with it
-            await asyncio.wait_for(proc.wait(), timeout=5)
+        try:
+            await _stop(proc)
         except BaseException:  # noqa: BLE001 - cancelled again: the kill stands
-            pass
+            _kill_group(proc.pid)
         raise
     finally:
         _kill_group(proc.pid)  # its children, if any escaped the hook

@@ -26,9 +26,11 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import ray
 import torch
+from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from verl_async.config.derived import finish_timeout_s, required_samples
+from verl_async.config.resume import run_facts
 from verl_async.errors import innermost_cause, root_cause
 from verl_async.protocol import RolloutSample, collate_groups
 from verl_async.reward.error_rate import RewardFunctionError
@@ -36,7 +38,7 @@ from verl_async.staleness import exceeds_max_staleness
 from verl_async.sync import build_sync_from_config
 from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
 from verl_async.utils.timeline import Timeline
-from verl_async.utils.tracking import Tracker
+from verl_async.utils.tracking import VAL_GENERATIONS_KEY, Tracker
 
 logger = logging.getLogger("verl_async.trainer")
 
@@ -122,10 +124,13 @@ class Trainer:
         self.tracker = Tracker(
             cfg.trainer.logger, os.path.join(run_dir, "tensorboard"),
             project=str(cfg.trainer.project_name), experiment=str(cfg.trainer.experiment_name),
-            console_keys=CONSOLE_KEYS,
+            config=OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else None,
+            console_keys=CONSOLE_KEYS, file_path=os.path.join(run_dir, "metrics.jsonl"),
         )
         self.version = 0
         self.step = 0
+        self.start_step = 0  # the step restore() resumed at: this process trains steps start_step+1 ...
+        self.resumed_from: Optional[str] = None
         self.dropped_stale = 0
         self.trained_tokens = 0
         self.wait_s = 0.0
@@ -142,16 +147,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ resume
     def find_checkpoint(self) -> Optional[str]:
-        from verl_async.trainer.checkpoint import latest_checkpoint
+        from verl_async.config.resume import checkpoint_to_resume
+        from verl_async.trainer.checkpoint import recover_interrupted_publish
 
-        mode = str(self.cfg.trainer.resume_mode)
-        if mode == "disable":
-            return None
-        if mode == "resume_path":
-            return str(self.cfg.trainer.resume_from_path)
-        if mode != "auto":  # a path given directly
-            return mode
-        return latest_checkpoint(str(self.cfg.trainer.default_local_dir))
+        if str(self.cfg.trainer.resume_mode) == "auto":
+            for move in recover_interrupted_publish(str(self.cfg.trainer.default_local_dir)):  # a kill in a publish
+                logger.warning("finished an interrupted checkpoint publish: %s", move)
+        return checkpoint_to_resume(self.cfg.trainer)
+
+    def resume_point(self) -> dict[str, Any]:
+        """The checkpoint restore() loaded (None: started fresh) and the step this process started at."""
+        return {"path": self.resumed_from, "step": self.start_step}
 
     def restore(self) -> int:
         """Load the latest (or given) checkpoint: weights, queue, cursor; returns the version to push."""
@@ -161,6 +167,7 @@ class Trainer:
             return 0
         extra = self.wg.load(path)
         self.version, self.step = int(extra["version"]), int(extra["step"])
+        self.resumed_from, self.start_step = path, self.step
         if str(self.cfg.algorithm.kl_ctrl.type) == "adaptive":  # fixed: the configured value, even if changed
             self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
         queued = extra.get("queue", [])
@@ -234,9 +241,12 @@ class Trainer:
             if isinstance(innermost_cause(exc), RewardFunctionError):
                 raise  # the reward function itself is broken (reward_model.max_error_rate): the run stops
             return self._validation_failed(root_cause(exc))
+        generations = metrics.pop(VAL_GENERATIONS_KEY, None)  # trainer.log_val_generations: not a metric
         if metrics:
             self.val_history.append({"version": self.version, **metrics})
             self.tracker.log(metrics, step=self.version)
+        if generations:
+            self.tracker.log_generations(generations, step=self.version)
         return metrics
 
     def _validation_failed(self, error: str) -> dict[str, float]:
@@ -272,7 +282,9 @@ class Trainer:
             "queue": ray.get(self.queue.snapshot.remote(), timeout=120),
             "rollouter": rollouter_state,
         }
-        self.wg.save_checkpoint(str(self.cfg.trainer.default_local_dir), extra, step=self.version)
+        prompts = (rollouter_state or {}).get("iterator", {}).get("num_items")
+        info = run_facts(self.cfg, self.step, self.version, prompts)  # what a resume is checked against
+        self.wg.save_checkpoint(str(self.cfg.trainer.default_local_dir), extra, step=self.version, info=info)
         return time.perf_counter() - t0
 
     def _next_groups(self) -> list[RolloutSample]:
@@ -351,6 +363,7 @@ class Trainer:
         wall = time.monotonic() - self.started
         return {
             "steps": self.step,
+            "start_step": self.start_step,  # > 0: resumed; steps - start_step ran in this process
             "version": self.version,
             "trained_tokens": self.trained_tokens,
             "wall_s": wall,

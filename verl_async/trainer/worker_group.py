@@ -70,7 +70,14 @@ from verl_async.trainer.batching import (
     plan_update,
     sequence_lengths,
 )
-from verl_async.trainer.checkpoint import checkpoint_dir, mark_latest, publish, rotate_checkpoints, staging_dir
+from verl_async.trainer.checkpoint import (
+    checkpoint_dir,
+    mark_latest,
+    publish,
+    rotate_checkpoints,
+    staging_dir,
+    write_run_info,
+)
 from verl_async.trainer.fsdp_worker import FSDPWorker
 from verl_async.trainer.prepare import correction_inputs
 from verl_async.trainer.settings import TrainerSettings
@@ -369,13 +376,18 @@ class RayWorkerGroup:
         self._call("save", path, extra)
         return path
 
-    def save_checkpoint(self, root: str, extra: Optional[dict] = None, step: Optional[int] = None) -> str:
+    def save_checkpoint(self, root: str, extra: Optional[dict] = None, step: Optional[int] = None,
+                        info: Optional[dict] = None) -> str:
         """verl layout: `root/global_step_{N}/actor`, then the latest marker and `max_actor_ckpt_to_keep` rotation.
 
         Written to a staging folder and renamed into place when complete: never a torn checkpoint.
+        `info` (JSON) goes beside it as run_info.json: what a later resume is checked against.
         """
         step = self.global_step if step is None else int(step)
-        self.save(staging_dir(root, step), extra)
+        staging = staging_dir(root, step)
+        self.save(staging, extra)
+        if info is not None:
+            write_run_info(staging, info)
         publish(root, step)
         mark_latest(root, step)
         rotate_checkpoints(root, self.settings.max_ckpt_to_keep)
