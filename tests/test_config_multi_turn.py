@@ -112,3 +112,13 @@ def test_retool_reward_rewards_boxed_answers_and_tool_use():
     assert compute_score("math_dapo", "so \\boxed{3}", "2", {"num_turns": 2})["score"] == -1.0
     assert compute_score("math_dapo", "so \\boxed{3}", "2", {"num_turns": 8})["score"] == pytest.approx(-0.7)
     assert compute_score("math_dapo", "so \\boxed{3}", "2", {"num_turns": 40})["score"] == -0.6
+
+
+def test_prompts_are_rendered_with_the_tool_schemas_only_when_multi_turn_is_on():
+    from verl_async.tools.tool_registry import multi_turn_tool_schemas
+
+    on = check(f"{KEY}.enable=true", f"{KEY}.tool_config_path={CALCULATOR}").actor_rollout_ref.rollout.multi_turn
+    (schema,) = multi_turn_tool_schemas(on)
+    assert schema["type"] == "function" and schema["function"]["name"] == "calculator"
+    assert schema["function"]["parameters"]["required"] == ["expression"]
+    assert multi_turn_tool_schemas(check(f"{KEY}.tool_config_path={CALCULATOR}").actor_rollout_ref.rollout.multi_turn) is None

@@ -31,6 +31,7 @@ from verl_async.rollout.chat_turns import ToolTurnTemplate
 from verl_async.rollout.engine import GenerateResult
 from verl_async.rollout.tool_parser import tool_parser
 from verl_async.rollout.tool_session import ToolSession
+from verl_async.tools.tool_registry import schema_dict
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class ToolAgentLoop:
         self.settings = settings
         self.budget = int(budget)  # max_response_length: every token after the prompt
         self.parser = tool_parser(call_format)
-        self.schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in self.tools.values()]
+        self.schemas = [schema_dict(t) for t in self.tools.values()]
         self.template = ToolTurnTemplate(tokenizer, self.schemas)
         self.stats = stats or AgentStats()
 

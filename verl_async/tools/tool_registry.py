@@ -156,3 +156,18 @@ def load_all_tools(tool_config_path: Optional[str], function_tool_path: Optional
     tools: dict[str, Tool] = {tool.name: tool for tool, _ in native}
     tools.update({t.name: t for t in functions})
     return tools
+
+
+def schema_dict(tool: Tool) -> dict:
+    """A tool's OpenAI schema as the chat template's `tools=` gets it (verl dumps it the same way)."""
+    return tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+
+
+def multi_turn_tool_schemas(multi_turn: Any) -> Optional[list[dict]]:
+    """The schemas of `actor_rollout_ref.rollout.multi_turn`'s tools, None when multi-turn is off.
+
+    The prompts are rendered with them (the Rollouter's dataset and the preflight's count alike).
+    """
+    if not multi_turn.enable:
+        return None
+    return [schema_dict(t) for t in load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path).values()]
