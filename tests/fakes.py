@@ -136,3 +136,37 @@ def install_fake_vllm(monkeypatch, async_llm_cls: Optional[type], version: str =
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
     return mods
+
+
+class ListSource:
+    """PromptTasks in order, as the Rollouter's prompt source."""
+
+    def __init__(self, items):
+        self.items, self.pos = list(items), 0
+
+    def next(self):
+        self.pos += 1
+        return self.items[self.pos - 1] if self.pos <= len(self.items) else None
+
+    def push_front(self, items):
+        self.items[self.pos:self.pos] = list(items)
+
+    def state_dict(self):
+        return {}
+
+
+class ListSink:
+    """Collects the groups the Rollouter puts."""
+
+    def __init__(self):
+        self.groups = []
+
+    async def put(self, sample):
+        self.groups.append(sample)
+
+    async def size(self):
+        return 0
+
+
+async def no_score(item, responses):
+    return [(0.0, {}) for _ in responses]

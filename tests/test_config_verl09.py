@@ -194,8 +194,6 @@ _VLM = "vision-language (multi-modal) training is not implemented in verl_async;
     (["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", "trainer.n_gpus_per_node=2"], MEGATRON,
      "actor_rollout_ref.actor.megatron.expert_model_parallel_size: 2: MoE expert parallelism is not implemented (the "
      "Megatron trainer converts dense models); set it to 1"),
-    (["actor_rollout_ref.rollout.multi_turn.enable=true"], FSDP, "actor_rollout_ref.rollout.multi_turn.enable: "
-     "multi-turn tool calling (verl's agent loop) is not implemented; responses are single-turn: set it to false"),
     (["reward.reward_model.enable=true"], FSDP, "reward.reward_model.enable: model-based reward models are not "
      "supported; rewards are rule-based (set it to false and score with reward.custom_reward_function.path/name)"),
     (["reward.sandbox_fusion.url=http://x"], FSDP, "reward.sandbox_fusion.url: code-execution rewards (sandbox fusion) "
@@ -220,11 +218,12 @@ def test_neutral_values_pass():
 def test_unused_verl_keys_are_named(caplog):
     reset_compat_warnings()
     overrides = ["actor_rollout_ref.actor.fsdp_config.fsdp_size=2", "data.gen_batch_size=4",
-                 "actor_rollout_ref.rollout.multi_turn.max_user_turns=3", "+reward.reward_model.model_path=/m"]
+                 "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=3", "+reward.reward_model.model_path=/m"]
     with caplog.at_level(logging.WARNING, logger="verl_async.config"):
         check(overrides)
     named = sorted(r.getMessage().split("=")[0] for r in caplog.records)
-    assert named == ["actor_rollout_ref.actor.fsdp_config.fsdp_size", "actor_rollout_ref.rollout.multi_turn.max_user_turns",
+    assert named == ["actor_rollout_ref.actor.fsdp_config.fsdp_size",
+                     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts",
                      "data.gen_batch_size", "reward.reward_model.model_path"]
 
 

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.fakes import ListSink, ListSource, no_score
 from verl_async.rollout.engine import GenerateRequest, SamplingParams
 from verl_async.rollout.pdsr_policy import PDSRPolicy
 from verl_async.rollout.replica import ReplicaSpec, start_replicas
@@ -37,35 +38,6 @@ class Recorder(TargetLengthEngine):
         return result
 
 
-class Source:
-    def __init__(self):
-        self.items = [PromptTask(f"p{i}", i, 0, p) for i, p in enumerate(PROMPTS)]
-
-    def next(self):
-        return self.items.pop(0) if self.items else None
-
-    def push_front(self, items):
-        self.items[:0] = list(items)
-
-    def state_dict(self):
-        return {}
-
-
-class Sink:
-    def __init__(self):
-        self.groups = []
-
-    async def put(self, sample):
-        self.groups.append(sample)
-
-    async def size(self):
-        return 0
-
-
-async def score(item, responses):
-    return [(0.0, {}) for _ in responses]
-
-
 @pytest.fixture(scope="module")
 def replicas(ray_session, tiny_model_dir):
     engines = start_replicas(2, ReplicaSpec(ROLLOUT_CFG, tiny_model_dir, "cpu"), timeout_s=180,
@@ -83,9 +55,10 @@ def test_fast_replica_gets_fast_max_num_seqs(replicas):
 def test_capped_response_continues_on_heavy_with_identical_prefix(replicas):
     log: list = []
     engines = [Recorder(e, lambda uid, i: TARGETS[uid][i], log) for e in replicas]
-    sink = Sink()
+    sink = ListSink()
     sampling = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, seed=0)
-    ro = Rollouter(engines=engines, prompts=Source(), scorer=score, sink=sink, n=2, sampling=sampling,
+    prompts = ListSource(PromptTask(f"p{i}", i, 0, p) for i, p in enumerate(PROMPTS))
+    ro = Rollouter(engines=engines, prompts=prompts, scorer=no_score, sink=sink, n=2, sampling=sampling,
                    budget=StalenessBudget(8), partial_rollout=True, max_inflight_groups=8,
                    scheduling=PDSRPolicy, scheduling_kwargs={"batch_size": 3, "batch_timeout_s": 30},
                    engine_capacity=[4, 2])

@@ -43,9 +43,9 @@ REFUSALS = {
     "grpo_8b_base_math_megatron_4_4_trtllm": [(
         "actor_rollout_ref.rollout.name: trtllm: TensorRT-LLM generation is not implemented; use one of: native, vllm",
         ["actor_rollout_ref.rollout.name=vllm"])],
+    # multi-turn tool calling runs (its tool config: recipe/retool/, the sandboxed interpreter); ReTool's dataset
+    # class and Ulysses are refused
     "dapo_7b_async_retool": [
-        ("actor_rollout_ref.rollout.multi_turn.enable: multi-turn tool calling (verl's agent loop) is not "
-         "implemented; responses are single-turn: set it to false", ["actor_rollout_ref.rollout.multi_turn.enable=false"]),
         ("data.custom_cls.path: custom dataset classes are not supported; write the data as verl's parquet schema "
          "(prompt, data_source, reward_model.ground_truth) and set data.custom_cls.path=null", ["data.custom_cls.path=null"]),
         (f"actor_rollout_ref.actor.ulysses_sequence_parallel_size: 4: {_SP}",
@@ -214,3 +214,12 @@ def test_retool_script_maps_its_reward_function(tmp_path, local_paths):
     assert cfg.custom_reward_function.path == local_paths["reward.custom_reward_function.path"]
     assert cfg.custom_reward_function.name == "compute_score"
     assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 30 and cfg.data.filter_overlong_prompts is True
+
+
+def test_retool_script_runs_its_tool_agent_loop(tmp_path, local_paths):
+    from verl_async.tools import tool_names
+
+    mt = _mapped("dapo_7b_async_retool", tmp_path, local_paths).actor_rollout_ref.rollout.multi_turn
+    assert mt.enable and mt.max_user_turns == mt.max_assistant_turns == 16 and mt.format == "hermes"
+    assert mt.tool_config_path == str(REPO_ROOT / "recipe/retool/sandbox_fusion_tool_config.yaml")  # made absolute
+    assert tool_names(mt.tool_config_path, None) == ["code_interpreter"]  # ReTool's tool name, sandboxed here

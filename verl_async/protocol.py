@@ -11,7 +11,7 @@ one row per response), the only shape the trainer's workers see.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -26,6 +26,12 @@ class Response:
     `log_probs[i]` is log softmax(logits / temperature)[token_ids[i]] under the weights
     of version `versions[i]`: temperature applied, top-k/top-p NOT renormalised, which is
     exactly what the trainer recomputes (see verl_async.algos log-prob helpers).
+
+    A multi-turn response (verl_async.rollout.agent_loop) also holds tokens the model did
+    not sample (tool answers, chat-template glue between turns): `loss_mask[i]` is 1 for a
+    model token and 0 for such an inserted one, which carries log-prob 0 and version -1
+    and gets no gradient, KL, entropy or correction weight. Every token counts toward the
+    response length. `loss_mask=None`: all tokens are the model's.
     """
 
     token_ids: list[int]
@@ -40,6 +46,10 @@ class Response:
     end_time: float = 0.0
     # How the scheduler produced it (P-DSR: probe, moved, regenerated_tokens), for the lengths log.
     sched: dict[str, float] = field(default_factory=dict)
+    loss_mask: Optional[list[int]] = None  # multi-turn: 1 model token, 0 inserted token (see above)
+    # What the agent loop reports (num_turns, tool_rewards, rollout_reward_scores, ...): the reward
+    # function receives it in extra_info, as verl passes its agent loop's fields.
+    agent_info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.log_probs) == len(self.versions)):
@@ -47,19 +57,38 @@ class Response:
                 f"Response: token_ids ({len(self.token_ids)}), log_probs ({len(self.log_probs)}) and "
                 f"versions ({len(self.versions)}) must have the same length"
             )
+        if self.loss_mask is not None:
+            if len(self.loss_mask) != len(self.token_ids):
+                raise ValueError(f"Response: loss_mask ({len(self.loss_mask)}) and token_ids ({len(self.token_ids)}) "
+                                 "must have the same length")
+            if any(m not in (0, 1) for m in self.loss_mask):
+                raise ValueError("Response.loss_mask holds values other than 0 and 1")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"Response.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def _model_versions(self) -> list[int]:
+        if self.loss_mask is None:
+            return self.versions
+        return [v for v, m in zip(self.versions, self.loss_mask) if m]
+
+    @property
+    def model_tokens(self) -> int:
+        """Tokens the model sampled (the rest were inserted by the agent loop)."""
+        return len(self.token_ids) if self.loss_mask is None else sum(self.loss_mask)
+
     @property
     def min_version(self) -> int:
-        return min(self.versions) if self.versions else -1
+        """Oldest weights that sampled one of its tokens (inserted tokens have none); -1 when none did."""
+        versions = self._model_versions()
+        return min(versions) if versions else -1
 
     @property
     def max_version(self) -> int:
-        return max(self.versions) if self.versions else -1
+        versions = self._model_versions()
+        return max(versions) if versions else -1
 
 
 @dataclass
@@ -81,12 +110,12 @@ class RolloutSample:
     @property
     def min_version(self) -> int:
         """Oldest weights that produced any token of the group (staleness is measured from it)."""
-        versions = [r.min_version for r in self.responses if len(r)]
+        versions = [r.min_version for r in self.responses if r.model_tokens]
         return min(versions) if versions else self.param_version_start
 
     @property
     def max_version(self) -> int:
-        versions = [r.max_version for r in self.responses if len(r)]
+        versions = [r.max_version for r in self.responses if r.model_tokens]
         return max(versions) if versions else self.param_version_start
 
     @property
@@ -124,6 +153,11 @@ def collate_groups(samples: Sequence[RolloutSample], pad_token_id: int) -> Tenso
       attention_mask [B,P+T], position_ids [B,P+T], response_mask [B,T] (float 0/1),
       rollout_log_probs [B,T], token_versions [B,T] (-1 on padding), scores [B],
       group_index [B] (0..G-1, the GRPO group of each row).
+
+    `attention_mask` is the layout: every response token, inserted ones included (the model
+    reads tool answers). `response_mask` is the LOSS mask: 0 on padding and on the tokens a
+    multi-turn response's loop inserted (`Response.loss_mask`), so the loss, KL, entropy,
+    advantages and rollout correction, which all take it, never see a tool token.
     """
     if not samples:
         raise ValueError("collate_groups: no groups given (empty batch)")
@@ -134,6 +168,7 @@ def collate_groups(samples: Sequence[RolloutSample], pad_token_id: int) -> Tenso
     prompts = torch.full((batch, max_p), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((batch, max_p), dtype=torch.long)
     responses = torch.full((batch, max_t), pad_token_id, dtype=torch.long)
+    layout = torch.zeros((batch, max_t), dtype=torch.long)
     response_mask = torch.zeros((batch, max_t), dtype=torch.float32)
     rollout_log_probs = torch.zeros((batch, max_t), dtype=torch.float32)
     token_versions = torch.full((batch, max_t), -1, dtype=torch.long)
@@ -146,12 +181,13 @@ def collate_groups(samples: Sequence[RolloutSample], pad_token_id: int) -> Tenso
             prompt_mask[i, max_p - p :] = 1
         if t:
             responses[i, :t] = torch.tensor(r.token_ids, dtype=torch.long)
-            response_mask[i, :t] = 1.0
+            layout[i, :t] = 1
+            response_mask[i, :t] = 1.0 if r.loss_mask is None else torch.tensor(r.loss_mask, dtype=torch.float32)
             rollout_log_probs[i, :t] = torch.tensor(r.log_probs, dtype=torch.float32)
             token_versions[i, :t] = torch.tensor(r.versions, dtype=torch.long)
         scores[i] = float(r.reward)
         group_index[i] = g
-    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
+    attention_mask = torch.cat([prompt_mask, layout], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return TensorDict(
         {

@@ -106,8 +106,11 @@ def compute_reinforce_plus_plus_advantage(
     """REINFORCE++: discounted return-to-go per token, whitened over all valid tokens
     of the batch, 0 on padding.
 
-    `G_t = r_t + gamma * G_{t+1} * mask_{t+1}`: the running return resets where the
-    mask ends, so nothing flows across padding (verl's recursion).
+    `G_t = r_t + gamma * G_{t+1}` over the valid tokens; a masked token inside the
+    response (a multi-turn response's tool answer) gets 0 and passes the running return
+    on unchanged, so a final reward reaches the first turn's tokens. Padding follows the
+    last valid token, where the return is still 0, so nothing flows across it (verl's
+    recursion, which resets at every masked token, agrees on single-turn masks).
     """
     check_tensor("token_rewards", token_rewards, ndim=2)
     check_same_shape("token_rewards", token_rewards, response_mask=response_mask)
@@ -122,15 +125,16 @@ def compute_reinforce_plus_plus_advantage(
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[1])):
-        running = (rewards[:, t] + gamma * running) * m[:, t]
-        returns[:, t] = running
+        running = torch.where(m[:, t] > 0, rewards[:, t] + gamma * running, running)
+        returns[:, t] = running * m[:, t]
     return masked_whiten(returns, mask)
 
 
 def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Place each response's scalar score on its last valid token (`[B]` -> `[B, T]`).
 
-    A response with no valid token gets no reward anywhere."""
+    The last valid token by position, not by count: a multi-turn response's mask has holes
+    (tool answers). A response with no valid token gets no reward anywhere."""
     check_tensor("scores", scores, ndim=1)
     check_tensor("response_mask", response_mask, ndim=2)
     if scores.shape[0] != response_mask.shape[0]:
@@ -138,8 +142,8 @@ def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -
             f"scores has {scores.shape[0]} rows but response_mask has {response_mask.shape[0]}; they must match"
         )
     mask = check_mask("response_mask", response_mask)
-    lengths = mask.sum(-1)
-    last = (lengths - 1).clamp(min=0)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask.bool(), positions, torch.zeros_like(positions)).max(dim=-1).values
     out = torch.zeros(mask.shape, dtype=scores.dtype if scores.is_floating_point() else torch.float32, device=scores.device)
     out.scatter_(1, last[:, None], scores[:, None].to(out.dtype))
     return out * mask.to(out.dtype)

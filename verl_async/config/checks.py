@@ -91,9 +91,6 @@ def unsupported_features(cfg: DictConfig) -> None:
             cfg.actor_rollout_ref.model.lora_rank > 0, "LoRA is not supported by verl_async; set it to 0"),
         "reward_model.enable": (cfg.reward_model.enable, reward_model),
         "reward.reward_model.enable": (bool(cfg.reward.reward_model.get("enable")), reward_model),
-        "actor_rollout_ref.rollout.multi_turn.enable": (
-            bool(cfg.actor_rollout_ref.rollout.multi_turn.get("enable")),
-            "multi-turn tool calling (verl's agent loop) is not implemented; responses are single-turn: set it to false"),
         "data.custom_cls.path": (
             cfg.data.custom_cls.path is not None,
             "custom dataset classes are not supported; write the data as verl's parquet schema (prompt, data_source, "
@@ -424,6 +421,14 @@ def model_paths(cfg: DictConfig) -> None:
             raise ConfigError(key, f"{path!r}: remote paths are not supported; use a local folder or an HF id")
         elif _looks_local(path) or os.path.exists(os.path.expanduser(path)):
             _check_local_dir(key, path)
+
+
+@check
+def multi_turn(cfg: DictConfig) -> None:
+    """Tool files load, tool names are unique, no P-DSR with multi-turn (verl_async/config/multi_turn.py)."""
+    from verl_async.config.multi_turn import check_multi_turn
+
+    check_multi_turn(cfg)
 
 
 @check

@@ -59,7 +59,11 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.ref.megatron.dist_checkpointing_path": Compat(None),
     "actor_rollout_ref.rollout.mode": Compat("async", "generation is always asynchronous"),
     "actor_rollout_ref.rollout.calculate_log_probs": Compat(True, "rollout log-probs are always recorded"),
-    "actor_rollout_ref.rollout.multi_turn": Compat({"enable": False}, "multi-turn tool calling is not implemented"),
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": Compat(
+        False, "the trained tokens are always the ones the model generated"),
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": Compat(
+        "strict", "turns are tokenised once, as appended; nothing is re-tokenised to compare"),
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Compat(None, "use actor_rollout_ref.rollout.n"),
     "reward.reward_manager.module": Compat({"path": None, "name": "custom_reward_manager"},
                                            "custom reward manager classes are not supported"),
     "reward.reward_model": Compat({"enable": False}, "model-based rewards are not supported"),

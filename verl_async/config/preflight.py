@@ -176,7 +176,10 @@ def load_prompts(cfg: DictConfig, tokenizer: Any, split: str) -> Optional[Any]:
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("actor_rollout_ref.model.path", f"{cfg.actor_rollout_ref.model.path}: the tokenizer has no "
                           "chat template, so prompts cannot be built")
-    try:
-        return PromptDataset.from_config(cfg.data, tokenizer, split)
+    from verl_async.tools.tool_registry import multi_turn_tool_schemas
+
+    try:  # multi-turn: rendered with the tools' schemas, as the Rollouter renders them
+        return PromptDataset.from_config(cfg.data, tokenizer, split,
+                                         tools=multi_turn_tool_schemas(cfg.actor_rollout_ref.rollout.multi_turn))
     except (DataError, FileNotFoundError, ValueError) as exc:
         raise ConfigError(key, str(exc).removeprefix(f"{key}: ")) from None

@@ -47,6 +47,9 @@ CORRECTION_MODES = ("truncate", "clip", "mask")
 CORRECTION_VETO_RULES = ("old_prob", "ratio")  # == verl_async.algos.rollout_correction.VETO_RULES
 PDSR_CAP_MODES = ("l_cut", "probe")  # == verl_async.rollout.pdsr_policy.CAP_MODES
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")  # verl's actor.checkpoint.save_contents
+TOOL_CALL_FORMATS = ("hermes",)  # == verl_async.rollout.tool_parser.PARSERS
+TRUNCATE_SIDES = ("left", "middle", "right")
+SANITY_CHECK_MODES = ("disable", "strict", "ignore_strippable")
 
 
 def rule(*, choices=None, ge=None, gt=None, le=None) -> Any:
@@ -295,6 +298,23 @@ class ValKwargsConfig:
 
 
 @schema
+class MultiTurnConfig:
+    enable: bool
+    max_assistant_turns: Optional[int] = rule(ge=1)
+    max_user_turns: Optional[int] = rule(ge=1)
+    max_parallel_calls: int = rule(ge=1)
+    max_tool_response_length: int = rule(gt=0)
+    tool_response_truncate_side: str = rule(choices=TRUNCATE_SIDES)
+    tool_config_path: Optional[str]
+    function_tool_path: Optional[str]
+    format: str = rule(choices=TOOL_CALL_FORMATS)
+    tool_timeout_s: float = rule(gt=0)
+    use_inference_chat_template: bool
+    tokenization_sanity_check_mode: str = rule(choices=SANITY_CHECK_MODES)
+    num_repeat_rollouts: Optional[int]
+
+
+@schema
 class RolloutCheckpointEngineConfig:
     """verl 0.9's weight-sync settings, copied onto async_training.* by validation."""
 
@@ -333,10 +353,10 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: Optional[int] = rule(gt=0)
+    multi_turn: MultiTurnConfig
     val_kwargs: ValKwargsConfig
     engine_kwargs: Dict[str, Any]
     checkpoint_engine: RolloutCheckpointEngineConfig
-    multi_turn: Dict[str, Any]  # verl's tool-calling agent loop: enable=true is refused (checks.py)
 
 
 @schema

@@ -51,6 +51,7 @@ class PromptItem:
     messages: list[dict[str, str]]
     ability: str = ""
     source: str = ""  # "file:row", for error messages and debugging
+    agent_name: str = ""  # verl's `agent_name` column (multi-turn rows: tool_agent)
 
 
 @dataclass
@@ -183,6 +184,7 @@ class PromptDataset(Sequence[PromptItem]):
         skip_bad_rows: bool = True,
         key: str = "data.train_files",
         show_progress: Optional[bool] = None,
+        tools: Optional[Sequence[dict]] = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r}: expected one of {TRUNCATION_MODES}")
@@ -200,6 +202,8 @@ class PromptDataset(Sequence[PromptItem]):
         self.skip_bad_rows = skip_bad_rows
         self.key = key
         self.show_progress = show_progress
+        # multi-turn: the tools' OpenAI schemas go to the chat template (as verl's agent loop renders the prompt)
+        self.template_kwargs = {"tools": list(tools)} if tools else {}
         self.files = resolve_data_files(files, key)
         self.stats = LoadStats(files=len(self.files))
         self.items: list[PromptItem] = []
@@ -217,8 +221,9 @@ class PromptDataset(Sequence[PromptItem]):
         )
 
     @classmethod
-    def from_config(cls, data_cfg: Mapping[str, Any], tokenizer: Any, split: str = "train") -> "PromptDataset":
-        """Build from verl's `data.*` keys; `split` picks `train_files` or `val_files`."""
+    def from_config(cls, data_cfg: Mapping[str, Any], tokenizer: Any, split: str = "train",
+                    tools: Optional[Sequence[dict]] = None) -> "PromptDataset":
+        """Build from verl's `data.*` keys; `split` picks `train_files` or `val_files`; `tools` (schemas) for the template."""
         key = f"{split}_files"
         if key not in data_cfg:
             raise ValueError(f"data.{key} is not set")
@@ -232,6 +237,7 @@ class PromptDataset(Sequence[PromptItem]):
             truncation=data_cfg.get("truncation", "error"),
             skip_bad_rows=bool(data_cfg.get("skip_bad_rows", True)),
             key=f"data.{key}",
+            tools=tools,
         )
 
     # -- loading ------------------------------------------------------------------------
@@ -265,7 +271,8 @@ class PromptDataset(Sequence[PromptItem]):
                 continue
             messages = [{"role": m["role"], "content": m["content"]} for m in messages]
             try:
-                text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                          **self.template_kwargs)
                 ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
             except Exception as exc:
                 self._bad_row(path, r, f"chat template / tokenizer failed: {exc!r}")
@@ -284,6 +291,7 @@ class PromptDataset(Sequence[PromptItem]):
                     messages=messages,
                     ability=cols.get("ability", empty)[r] or "",
                     source=f"{path}:{r}",
+                    agent_name=cols.get("agent_name", empty)[r] or "",
                 )
             )
             self.stats.rows_kept += 1

@@ -125,14 +125,22 @@ class RewardManager:
         data_source: str,
         ground_truth: Any,
         extra_info: Optional[dict] = None,
+        extra_infos: Optional[Sequence[Optional[dict]]] = None,
     ) -> list[Reward]:
-        """Rewards for decoded responses of one prompt; `lengths` are their token counts."""
+        """Rewards for decoded responses of one prompt; `lengths` are their token counts.
+
+        `extra_infos`: one extra_info per response instead of the prompt's (multi-turn responses
+        add their trajectory's num_turns, tool rewards, calc_reward scores).
+        """
         if len(texts) != len(lengths):
             raise ValueError(f"score_texts: {len(texts)} texts but {len(lengths)} lengths")
+        if extra_infos is not None and len(extra_infos) != len(texts):
+            raise ValueError(f"score_texts: {len(texts)} texts but {len(extra_infos)} extra_infos")
         if not texts:
             return []
         task, bounded, function = self._task(data_source, texts[0], ground_truth, extra_info)
-        tasks = [Task(task.fn, {**task.kwargs, "solution_str": t}) for t in texts]
+        infos = [{} if extra_infos is None else {"extra_info": e} for e in (extra_infos or texts)]
+        tasks = [Task(task.fn, {**task.kwargs, "solution_str": t, **info}) for t, info in zip(texts, infos)]
         outcomes = [run_inline(t) for t in tasks] if bounded else self.pool.run(tasks, self.timeout_s)
         rewards = [self._shape(o, n) for o, n in zip(outcomes, lengths)]
         for outcome, text in zip(outcomes, texts):
@@ -145,6 +153,7 @@ class RewardManager:
         data_source: str,
         ground_truth: Any,
         extra_info: Optional[dict] = None,
+        extra_infos: Optional[Sequence[Optional[dict]]] = None,
     ) -> list[Reward]:
         """Rewards for token-id responses of one prompt (decoded without special tokens)."""
         if self.tokenizer is None:
@@ -153,7 +162,8 @@ class RewardManager:
         eos = getattr(self.tokenizer, "eos_token", None)
         if eos:  # verl's DAPO manager strips a literal EOS left in the text
             texts = [t[: -len(eos)] if t.endswith(eos) else t for t in texts]
-        return self.score_texts(texts, [len(r) for r in response_ids], data_source, ground_truth, extra_info)
+        return self.score_texts(texts, [len(r) for r in response_ids], data_source, ground_truth, extra_info,
+                                extra_infos)
 
     def score_sample(self, sample: Any) -> Any:
         """Fill `reward` / `reward_info` of every response of a RolloutSample in place."""

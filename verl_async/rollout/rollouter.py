@@ -63,6 +63,7 @@ class PromptTask:
     ground_truth: Any = None
     extra_info: dict[str, Any] = field(default_factory=dict)
     attempts: int = 0  # earlier groups of this prompt dropped after engine errors
+    agent_name: str = ""  # verl's per-row agent loop (multi-turn: tool_agent | single_turn_agent)
 
 
 def target_length(item: PromptTask, i: int) -> Optional[int]:
@@ -144,6 +145,7 @@ class Rollouter:
         failed_log: Optional[str] = None,
         progress_timeout_s: Optional[float] = None,
         group_filter: Optional[GroupFilter] = None,
+        agent_loop: Optional[Any] = None,
     ) -> None:
         if not engines:
             raise ValueError("Rollouter needs at least one engine replica")
@@ -191,6 +193,7 @@ class Rollouter:
         self._failure: Optional[BaseException] = None
         self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
         self._serial = 0
+        self.agent_loop = agent_loop  # multi-turn: rollout/agent_loop.ToolAgentLoop, one trajectory per response
         self.policy = (scheduling or PlainPolicy)(self, **dict(scheduling_kwargs or {}))
         for path in (lengths_log, failed_log):
             if path:
@@ -423,6 +426,12 @@ class Rollouter:
             return None
         return zlib.crc32(f"{self.sampling.seed}/{item.uid}/{i}/{prefix_len}".encode()) & 0x7FFFFFFF
 
+    async def generate_response(self, item: PromptTask, i: int) -> Optional[Response]:
+        """Response `i` of `item`: one generation, or a whole tool-using trajectory with an agent loop."""
+        if self.agent_loop is not None:
+            return await self.agent_loop.generate_response(self, item, i)
+        return await self.generate_one(item, i)
+
     async def generate_one(
         self,
         item: PromptTask,
@@ -606,5 +615,5 @@ class PlainPolicy:
 
     async def generate_group(self, item: PromptTask) -> Optional[list[Response]]:
         ro = self.rollouter
-        results = await asyncio.gather(*(ro.generate_one(item, i) for i in range(ro.n)))
+        results = await asyncio.gather(*(ro.generate_response(item, i) for i in range(ro.n)))
         return None if any(r is None for r in results) else list(results)  # type: ignore[arg-type]

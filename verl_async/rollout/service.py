@@ -22,6 +22,7 @@ from verl_async.data import Draw, PromptDataset, PromptIterator
 from verl_async.models.loading import load_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
+from verl_async.rollout.agent_loop import ToolAgentLoop, reward_extra_info
 from verl_async.rollout.engine import InferenceEngine, SamplingParams
 from verl_async.rollout.group_filter import GroupFilter
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
@@ -61,6 +62,7 @@ class DatasetPromptSource:
             data_source=item.data_source,
             ground_truth=item.ground_truth,
             extra_info=dict(item.extra_info or {}),
+            agent_name=item.agent_name,
         )
 
     def next(self) -> Optional[PromptTask]:
@@ -96,6 +98,7 @@ class RewardScorer:
             item.data_source,
             item.ground_truth,
             item.extra_info,
+            [reward_extra_info(item.extra_info, r) for r in responses] if any(r.agent_info for r in responses) else None,
         )
         return [(float(r.reward), dict(r.info)) for r in rewards]
 
@@ -147,8 +150,10 @@ class RolloutService:
         rollout_cfg = cfg.actor_rollout_ref.rollout
         model_cfg = cfg.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model_path, trust_remote_code=bool(model_cfg.trust_remote_code))
-        self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "train")
-        self.val_dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "val") if cfg.data.val_files else None
+        self.agent_loop = ToolAgentLoop.from_config(rollout_cfg, self.tokenizer)  # None: single-turn
+        tools = self.agent_loop.schemas if self.agent_loop else None
+        self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "train", tools=tools)
+        self.val_dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "val", tools=tools) if cfg.data.val_files else None
         epochs = int(cfg.rollout.total_epochs)
         self.iterator = PromptIterator(self.dataset, shuffle=bool(cfg.data.shuffle), seed=int(cfg.data.seed), total_epochs=epochs)
         self.source = DatasetPromptSource(self.iterator)
@@ -199,6 +204,7 @@ class RolloutService:
             progress_timeout_s=progress_timeout_s(cfg.rollout.get("progress_timeout_s"), max(capacities),
                                                   int(rollout_cfg.prompt_length), int(rollout_cfg.response_length)),
             group_filter=self.group_filter,
+            agent_loop=self.agent_loop,
         )
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
@@ -207,7 +213,7 @@ class RolloutService:
             self.val_dataset, self.reward, sampling_from(rollout_cfg, eos, validation=True),
             k=int(rollout_cfg.val_kwargs.n), max_num_seqs=int(rollout_cfg.max_num_seqs), timeline=self.timeline,
             timeout_s=validation_timeout_s(cfg, len(self.val_dataset)),
-            log_generations=int(cfg.trainer.log_val_generations),
+            log_generations=int(cfg.trainer.log_val_generations), agent_loop=self.agent_loop,
         )
         self._run_started = time.monotonic()
 
@@ -286,6 +292,8 @@ class RolloutService:
         out.update(scheduling_metrics(self.rollouter, wall))
         if self.group_filter is not None:
             out.update(self.group_filter.metrics())
+        if self.agent_loop is not None:
+            out.update(self.agent_loop.stats.metrics())
         out.update(self.reward.metrics())
         stats = self.dataset.stats
         out["data/bad_rows"] = float(stats.bad_rows)

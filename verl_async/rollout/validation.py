@@ -26,6 +26,8 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 
 from verl_async.config.derived import VAL_TIMEOUT_RULE
+from verl_async.rollout.agent_loop import reward_extra_info
+from verl_async.rollout.agent_stats import AgentStats
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.tracking import VAL_GENERATIONS_KEY, val_generations
@@ -89,7 +91,8 @@ class Validator:
     """k samples per validation prompt, scored; see the module docstring."""
 
     def __init__(self, dataset: Any, reward: Any, sampling: SamplingParams, *, k: int, max_num_seqs: int,
-                 timeline: Timeline, timeout_s: float, log_generations: int = 0) -> None:
+                 timeline: Timeline, timeout_s: float, log_generations: int = 0, agent_loop: Any = None) -> None:
+        self.agent_loop = agent_loop  # multi-turn: each sample is a whole trajectory (rollout/agent_loop.py)
         self.dataset = dataset
         self.reward = reward
         self.sampling = sampling
@@ -132,12 +135,15 @@ class Validator:
         k, sampling = self.k, self.sampling
         sem = asyncio.Semaphore(self.max_num_seqs * len(engines))
         t0 = self.timeline.now()
+        agent_stats = AgentStats("val/multi_turn")
 
         async def one(item, j: int):
             async with sem:
                 engine = engines[(item.index * k + j) % len(engines)]
                 seeded = replace(sampling, seed=validation_seed(sampling.seed, item.index, j))
                 req = GenerateRequest(self._request_id(version, item.index, j), list(item.prompt_ids), seeded)
+                if self.agent_loop is not None:
+                    return await self.agent_loop.run_request(engine, req, item, agent_stats)
                 return await engine.generate(req)
 
         items = list(self.dataset)
@@ -157,8 +163,11 @@ class Validator:
             group = [r for r in results[i * k : (i + 1) * k] if r.error is None]
             if not group:
                 continue
+            per_response = {"extra_infos": [reward_extra_info(item.extra_info, r) for r in group]} \
+                if self.agent_loop is not None else {}  # multi-turn: each trajectory's num_turns, tool rewards ...
             rewards = await asyncio.to_thread(
-                self.reward.score_group, [r.token_ids for r in group], item.data_source, item.ground_truth, item.extra_info
+                self.reward.score_group, [r.token_ids for r in group], item.data_source, item.ground_truth,
+                item.extra_info, **per_response,
             )
             lengths += [len(r.token_ids) for r in group]
             reward_errors += [r.error for r in rewards if r.error is not None]
@@ -178,4 +187,6 @@ class Validator:
             out[VAL_GENERATIONS_KEY] = val_generations(self.reward.tokenizer, [p for p, _, _ in shown],
                                                        [r for _, r, _ in shown], [w for _, _, w in shown],
                                                        self.log_generations)
+        if self.agent_loop is not None:
+            out.update(agent_stats.metrics())
         return out
