@@ -170,7 +170,7 @@ class Side:
     def snapshot(self):
         return []
 
-    def save_checkpoint(self, root, extra, step):
+    def save_checkpoint(self, root, extra, step, info=None):  # info: run_info.json (config/resume.py)
         self.calls.append(f"save {step}")
 
 
