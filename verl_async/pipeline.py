@@ -16,7 +16,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from verl_async.models.builtin import resolve_model_path
-from verl_async.models.loading import load_tokenizer
+from verl_async.models.loading import run_tokenizer
 from verl_async.queue import MessageQueue
 from verl_async.config.derived import FINISH_TIMEOUT_RULE, max_required_samples, required_samples
 from verl_async.config.resume import step_of
@@ -166,7 +166,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) -> dict[str, Any]:
-    tokenizer = load_tokenizer(model_path, trust_remote_code=bool(cfg.actor_rollout_ref.model.trust_remote_code))
+    tokenizer = run_tokenizer(cfg.actor_rollout_ref.model, model_path)
     train_only = bool(debug.get("train_only")) or bool(debug.get("load_rollout_data"))
     timeout = float(cfg.trainer.worker_timeout_s)
     capacity = int(cfg.async_training.get("queue_capacity") or max_required_samples(cfg))

@@ -101,12 +101,14 @@ def prompt_tokenizer(cfg: Any) -> Any:
     if is_demo_model(path):
         from verl_async.models.tiny import build_char_tokenizer
 
-        return build_char_tokenizer()
+        tok = build_char_tokenizer()
+        tok.chat_template = cfg.actor_rollout_ref.model.get("custom_chat_template") or tok.chat_template
+        return tok
     check_model_source(path)
     from verl_async.models.builtin import resolve_model_path
-    from verl_async.models.loading import load_tokenizer
+    from verl_async.models.loading import run_tokenizer
 
     try:
-        return load_tokenizer(resolve_model_path(path), trust_remote_code=bool(cfg.actor_rollout_ref.model.trust_remote_code))
+        return run_tokenizer(cfg.actor_rollout_ref.model, resolve_model_path(path))
     except (OSError, ValueError, ImportError) as exc:
         raise ConfigError(MODEL_KEY, str(exc).removeprefix(f"{MODEL_KEY}: ")) from None

@@ -35,6 +35,14 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False, custom_chat_te
     return tok
 
 
+def run_tokenizer(model_cfg: Any, path: Optional[str] = None):
+    """The run's tokenizer, as every side uses it (preflight, Rollouter, trainer, exports): the model's own, with
+    `actor_rollout_ref.model.custom_chat_template` applied when set. `path`: the resolved model folder."""
+    get = model_cfg.get
+    return load_tokenizer(path or str(get("path")), trust_remote_code=bool(get("trust_remote_code", False)),
+                          custom_chat_template=get("custom_chat_template"))
+
+
 def apply_override_config(config: Any, override: Optional[Mapping[str, Any]]) -> Any:
     """Apply `actor_rollout_ref.model.override_config` to an HF config.
 

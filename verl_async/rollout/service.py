@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from verl_async.data import Draw, PromptDataset, PromptIterator
-from verl_async.models.loading import load_tokenizer
+from verl_async.models.loading import run_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.agent_loop import ToolAgentLoop, reward_extra_info
@@ -149,7 +149,7 @@ class RolloutService:
         self.queue = queue_handle
         rollout_cfg = cfg.actor_rollout_ref.rollout
         model_cfg = cfg.actor_rollout_ref.model
-        self.tokenizer = load_tokenizer(model_path, trust_remote_code=bool(model_cfg.trust_remote_code))
+        self.tokenizer = run_tokenizer(model_cfg, model_path)
         self.agent_loop = ToolAgentLoop.from_config(rollout_cfg, self.tokenizer)  # None: single-turn
         tools = self.agent_loop.schemas if self.agent_loop else None
         self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "train", tools=tools)
