@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from tests.test_rollouter import make
 from verl_async.config.cli import REPO_ROOT
-from verl_async.trainer import checkpoint as ckpt
+from verl_async import checkpoint as ckpt
 from verl_async.trainer.trainer import Trainer
 from verl_async.trainer.worker_group import FSDPWorkerGroup
 
@@ -168,7 +168,7 @@ def test_save_that_dies_half_way_leaves_the_complete_checkpoint(tmp_path):
 KILL_BETWEEN_RENAMES = """
 import os, signal, sys
 from tests.test_checkpoint_faults import DyingSave
-from verl_async.trainer import checkpoint as ckpt
+from verl_async import checkpoint as ckpt
 from verl_async.trainer.worker_group import FSDPWorkerGroup
 
 group = FSDPWorkerGroup.__new__(FSDPWorkerGroup)

@@ -17,7 +17,7 @@ from tests.test_entry import _env, run_entry, write_parquet
 from verl_async.config import ConfigError, compose, validate
 from verl_async.config.cli import REPO_ROOT
 from verl_async.config.resume import plan_resume
-from verl_async.trainer import checkpoint as ckpt
+from verl_async import checkpoint as ckpt
 
 A = "actor_rollout_ref"
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from trainer_helpers import make_batch, with_advantages
 
-from verl_async.trainer import checkpoint as ckpt
+from verl_async import checkpoint as ckpt
 from verl_async.trainer.attention import resolve_attn_implementation
 from verl_async.trainer.batching import (
     build_model_inputs,

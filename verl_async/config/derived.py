@@ -7,6 +7,9 @@ from typing import Any, Optional
 from verl_async import staleness
 
 
+CPU_TOKEN_BUDGET = 4096  # what a null micro-batch token budget means on CPU (trainer/token_budget.py on GPUs)
+
+
 def trainer_world_size(cfg: Any) -> int:
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 

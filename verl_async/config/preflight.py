@@ -103,9 +103,8 @@ def check_cpu_token_budgets(cfg: DictConfig) -> None:
     if cfg.trainer.device != "cpu":
         return
     from verl_async.config.checks import token_budget_problem
-    from verl_async.trainer.token_budget import CPU_TOKENS
 
-    problem = token_budget_problem(cfg, CPU_TOKENS)
+    problem = token_budget_problem(cfg, derived.CPU_TOKEN_BUDGET)
     if problem is not None:
         raise problem
 

@@ -5,7 +5,7 @@ resumes automatically (`trainer.resume_mode=auto`), so a new job pointed at an o
 would silently continue that run, or (another model) overwrite its config.yaml and then
 fail to load the weights. `plan_resume` finds the checkpoint the trainer would load and
 compares what it was made with (its meta.json and run_info.json, see
-verl_async/trainer/checkpoint.py) with this run; a mismatch is a ConfigError naming both.
+verl_async/checkpoint.py) with this run; a mismatch is a ConfigError naming both.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def checkpoint_to_resume(trainer_cfg: Any) -> Optional[str]:
         return str(trainer_cfg.resume_from_path)
     if mode != "auto":  # a path given directly
         return mode
-    from verl_async.trainer.checkpoint import latest_checkpoint
+    from verl_async.checkpoint import latest_checkpoint
 
     return latest_checkpoint(str(trainer_cfg.default_local_dir))
 
@@ -88,7 +88,7 @@ def plan_resume(cfg: Any, train_prompts: Optional[int]) -> ResumePlan:
     path = checkpoint_to_resume(t)
     if path is None:
         return ResumePlan(mode, root, total_steps=total)
-    from verl_async.trainer.checkpoint import read_run_info
+    from verl_async.checkpoint import read_run_info
 
     saved = read_run_info(path)
     now = resolved_model_path(str(cfg.actor_rollout_ref.model.path))
@@ -186,7 +186,7 @@ def interrupted(cfg: Any, argv: list[str]) -> str:
     """The one line a Ctrl-C ends with: the newest checkpoint and the command that resumes from it."""
     from omegaconf import OmegaConf
 
-    from verl_async.trainer.checkpoint import latest_checkpoint, read_run_info
+    from verl_async.checkpoint import latest_checkpoint, read_run_info
 
     root = str(OmegaConf.select(cfg, "trainer.default_local_dir", default=None) or "")
     mode = str(OmegaConf.select(cfg, "trainer.resume_mode", default="auto"))

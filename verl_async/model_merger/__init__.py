@@ -2,7 +2,7 @@
 
     python -m verl_async.model_merger merge --backend fsdp --local_dir <ckpt>/actor --target_dir <dir>
 
-`<ckpt>/actor` is a checkpoint folder (`global_step_N/actor`, trainer/checkpoint.py). The merger
+`<ckpt>/actor` is a checkpoint folder (`global_step_N/actor`, verl_async/checkpoint.py). The merger
 reads its shards in one process, without Ray, a GPU or megatron-core: DCP shards of the FSDP2
 trainer (shards.fsdp_state), per-rank files of the Megatron trainer converted back to HF names
 (shards.megatron_state, trainer/megatron/convert.py). It writes config, tokenizer (chat template

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from verl_async.model_merger.shards import ShardError, fsdp_state, megatron_state
-from verl_async.trainer.checkpoint import COMPLETE_MARKER
+from verl_async.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.common import DTYPES
 from verl_async.trainer.hf_export import HF_SUBDIR, write_hf_folder
 

@@ -34,8 +34,8 @@ import logging
 import os
 import time
 import zlib
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Collection, Iterable, Optional, Protocol, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Collection, Iterable, Optional, Sequence
 
 import torch
 
@@ -44,78 +44,20 @@ from verl_async.rollout.engine import GenerateRequest, GenerateResult, Inference
 from verl_async.rollout.group_filter import GroupFilter
 from verl_async.rollout.health import EngineFailure, ReplicaHealth
 from verl_async.rollout.lengths_log import append_jsonl, lengths_record
+from verl_async.rollout.task import (  # noqa: F401 - the Rollouter's contract, importable from here too
+    GroupScorer,
+    PromptSource,
+    PromptTask,
+    RolloutCounters,
+    SampleSink,
+    SchedulingPolicy,
+    target_length,
+)
 from verl_async.rollout.watchdog import ProgressWatchdog
 from verl_async.staleness import StalenessBudget
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollouter")
-
-
-@dataclass
-class PromptTask:
-    """What the Rollouter needs of one dataset row."""
-
-    uid: str
-    index: int
-    epoch: int
-    prompt_ids: list[int]
-    data_source: str = ""
-    ground_truth: Any = None
-    extra_info: dict[str, Any] = field(default_factory=dict)
-    attempts: int = 0  # earlier groups of this prompt dropped after engine errors
-    agent_name: str = ""  # verl's per-row agent loop (multi-turn: tool_agent | single_turn_agent)
-
-
-def target_length(item: PromptTask, i: int) -> Optional[int]:
-    """Workload hook (scripts/bench_async.py): a row's `extra_info.target_lengths` caps response i.
-
-    With `rollout.ignore_eos=true` it forces each response to its drawn length, giving a
-    benchmark a controlled long-tail length distribution on a random-weight model.
-    """
-    lengths = (item.extra_info or {}).get("target_lengths")
-    return int(lengths[i % len(lengths)]) if lengths else None
-
-
-class PromptSource(Protocol):
-    def next(self) -> Optional[PromptTask]: ...
-    def push_front(self, items: Sequence[PromptTask]) -> None: ...
-    def state_dict(self) -> dict: ...
-
-
-class GroupScorer(Protocol):
-    async def __call__(self, item: PromptTask, responses: list[Response]) -> list[tuple[float, dict[str, float]]]: ...
-
-
-class SampleSink(Protocol):
-    async def put(self, sample: RolloutSample) -> None: ...
-    async def size(self) -> int: ...
-
-
-class SchedulingPolicy(Protocol):
-    """How one admitted prompt's `n` responses are generated (PlainPolicy; P-DSR in pdsr_policy.py).
-
-    Built by the Rollouter as `policy(rollouter, **scheduling_kwargs)`; its builder picks the class
-    (rollout/scheduling.py maps the config's name to it), so this module imports no policy but the plain one.
-    May also define `on_admission_stalled(reason)` and `metrics()`.
-    """
-
-    async def generate_group(self, item: PromptTask) -> Optional[list[Response]]: ...
-
-
-@dataclass
-class RolloutCounters:
-    started_groups: int = 0
-    finished_groups: int = 0
-    dropped_groups_engine_error: int = 0
-    retried_prompts: int = 0  # dropped groups whose prompt was queued again
-    failed_prompts: int = 0  # prompts dropped max_prompt_retries + 1 times: never trained
-    replicas_out_of_rotation: int = 0
-    engine_errors: int = 0
-    aborted_requests: int = 0
-    continued_requests: int = 0
-    generated_tokens: int = 0
-    pause_time_s: float = 0.0  # time spent waiting on the staleness budget / sync
-    busy_time_s: float = 0.0  # time with at least one request in flight
 
 
 class Rollouter:

@@ -41,7 +41,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from verl_async.sync.buckets import (Bucket, bucket_view, compare_checksums, dtype_name, max_bucket_bytes,
+from verl_async.sync.buckets import (Bucket, bucket_view, compare_checksums, max_bucket_bytes,
                                      loaded_checksums, plan_buckets, plan_from_wire, plan_to_wire,
                                      tensor_checksum)
 from verl_async.sync.driver import SyncDriver, SyncError

@@ -10,7 +10,7 @@ from verl_async.versions import check_transformers
 
 check_transformers()  # before any model is built: outside the supported range, say so (verl_async/versions.py)
 
-from verl_async.trainer.checkpoint import checkpoint_dir, latest_checkpoint, mark_latest, rotate_checkpoints
+from verl_async.checkpoint import checkpoint_dir, latest_checkpoint, mark_latest, rotate_checkpoints
 from verl_async.trainer.fsdp_worker import FSDPWorker
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.trainer.worker_group import FSDPWorkerGroup, RayWorkerGroup, WorkerGroupError

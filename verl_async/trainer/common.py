@@ -125,7 +125,7 @@ class RankBase:
     def _save_trainer_state(self, path: str, scheduler_state: dict, extra: Optional[dict],
                             meta: Optional[dict] = None) -> None:
         """RNG (every rank), scheduler / step / `extra` (rank 0), then the completion marker, written last."""
-        from verl_async.trainer.checkpoint import COMPLETE_MARKER
+        from verl_async.checkpoint import COMPLETE_MARKER
 
         torch.save(rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
         if self.rank == 0:

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-CPU_TOKENS = 4096  # the CPU default: small machines, float32
+from verl_async.config.derived import CPU_TOKEN_BUDGET
+
+CPU_TOKENS = CPU_TOKEN_BUDGET  # the CPU default: small machines, float32 (defined with the config: the preflight checks it)
 MIN_TOKENS = 4096
 MAX_TOKENS = 32768  # the largest size measured (bench/RESULTS.md); larger is unmeasured
 FREE_SHARE = 0.7  # of the memory free after the model is built: the rest for fragmentation, NCCL, a colocated engine

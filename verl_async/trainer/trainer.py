@@ -149,7 +149,7 @@ class Trainer:
     # ------------------------------------------------------------------ resume
     def find_checkpoint(self) -> Optional[str]:
         from verl_async.config.resume import checkpoint_to_resume
-        from verl_async.trainer.checkpoint import recover_interrupted_publish
+        from verl_async.checkpoint import recover_interrupted_publish
 
         if str(self.cfg.trainer.resume_mode) == "auto":
             for move in recover_interrupted_publish(str(self.cfg.trainer.default_local_dir)):  # a kill in a publish

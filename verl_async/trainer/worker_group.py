@@ -70,7 +70,7 @@ from verl_async.trainer.batching import (
     plan_update,
     sequence_lengths,
 )
-from verl_async.trainer.checkpoint import (
+from verl_async.checkpoint import (
     checkpoint_dir,
     mark_latest,
     publish,

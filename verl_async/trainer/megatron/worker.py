@@ -40,7 +40,7 @@ from tensordict import TensorDict
 from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
 from verl_async.trainer import offload
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_right_padded_inputs, gather_rows
-from verl_async.trainer.checkpoint import COMPLETE_MARKER
+from verl_async.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.common import DTYPES, RankBase, eval_mode, log_prob_model
 from verl_async.trainer.rank_results import METRIC_KEYS, LogProbRows, UpdateStats
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss

@@ -17,7 +17,7 @@ import os
 from typing import Any, Optional
 
 from verl_async.optional import MEGATRON, require
-from verl_async.trainer.checkpoint import COMPLETE_MARKER
+from verl_async.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.megatron.settings import MegatronSettings
 from verl_async.trainer.megatron.worker import MegatronWorker
 from verl_async.trainer.worker_group import RayWorkerGroup
