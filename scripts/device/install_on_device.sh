@@ -22,8 +22,13 @@ case "$cmd" in
     ;;
   base)
     [ -f .whl/install_on_device.sh ] || { echo "no .whl/ here: carry .whl (make it with /work/shared/device/make_device_wheels.sh)" >&2; exit 3; }
-    if [ -d "$SITE/ray" ] && [ -d "$SITE/hydra" ]; then echo "base packages already in $SITE"; exit 0; fi
-    bash .whl/install_on_device.sh
+    if [ -d "$SITE/ray" ] && [ -d "$SITE/hydra" ]; then echo "base packages already in $SITE"; else bash .whl/install_on_device.sh; fi
+    # pydantic (verl_async.tools' schemas): ray[default] brings it, the carried stripped Ray does not
+    if ! PYTHONPATH="$SITE" python3 -c "import pydantic" 2>/dev/null; then
+      ls .whl/pydantic-*.whl >/dev/null 2>&1 || { echo "no pydantic wheels in .whl/: run scripts/device/extra_wheels.sh here" >&2; exit 3; }
+      python3 -m pip install -q --no-deps --no-index --target "$SITE" .whl/pydantic-*.whl .whl/pydantic_core-*.whl \
+        .whl/annotated_types-*.whl .whl/typing_inspection-*.whl
+    fi
     ;;
   vllm)
     if [ -f "$SITE/VERL_ASYNC_CARRY_MANIFEST" ]; then echo "vLLM already unpacked in $SITE"; exit 0; fi
