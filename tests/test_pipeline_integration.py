@@ -297,3 +297,20 @@ def test_validation_generations_reach_tensorboard_and_the_file_logger(ray_sessio
     acc.Reload()
     texts = acc.Tensors("val/generations/text_summary")
     assert [t.step for t in texts] == [2, 4] and shown[0][1][0]["input"] in texts[0].tensor_proto.string_val[0].decode()
+
+
+def test_total_training_steps_ends_the_run_and_a_larger_cap_resumes_exactly_once(ray_session, tmp_path, tiny_model_dir,
+                                                                                  data_files):
+    """trainer.total_training_steps stops the trainer (and the Rollouter) there with a checkpoint; a second
+    run with a larger cap resumes from it and every prompt is trained once over both runs."""
+    capped = ("rollout.total_rollout_steps=16", "trainer.save_freq=4", "trainer.resume_mode=auto",
+              "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1")
+    first = run_pipeline(tmp_path, tiny_model_dir, data_files, *capped, "trainer.total_training_steps=3")
+    assert first["trainer/steps"] == 3 and first["trainer/version"] == 3
+    assert os.path.exists(tmp_path / "run" / "global_step_3" / "actor")  # at the cap, although save_freq=4
+    assert [e["step"] for e in trained_log(tmp_path)] == [0, 1, 2]
+    second = run_pipeline(tmp_path, tiny_model_dir, data_files, *capped, "trainer.total_training_steps=8")
+    assert second["trainer/steps"] == 8
+    uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
+    counts = collections.Counter(uids)
+    assert len(counts) == 16 and set(counts.values()) == {1}, counts

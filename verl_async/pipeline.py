@@ -189,6 +189,9 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
         if rollouter is not None:
             prompts = int(ray.get(rollouter.total_prompts.remote(), timeout=timeout))
             total_steps = max(1, -(-prompts // required_samples(cfg)))
+        cap = int(cfg.trainer.get("total_training_steps") or 0)
+        if cap:  # the trainer stops there (a run with algorithm.filter_groups needs more prompts than steps)
+            total_steps = min(total_steps, cap) if total_steps else cap
         resumed = _get("the resume", trainer.resume_point.remote(), timeout)
         print(f"resuming from {resumed['path']}{step_of(resumed['step'], total_steps)}" if resumed["path"]
               else "starting fresh", flush=True)

@@ -121,6 +121,8 @@ class Trainer:
         self.algorithm = StepAlgorithm.from_config(cfg)
         self.test_freq = int(cfg.trainer.test_freq or -1)
         self.save_freq = int(cfg.trainer.save_freq or -1)
+        self.max_steps = int(cfg.trainer.get("total_training_steps") or 0)  # 0: until the data ends
+        self._ended_at_cap = False  # synced and checkpointed at the cap already: finish() only validates
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
         self.tracker = Tracker(
             cfg.trainer.logger, os.path.join(run_dir, "tensorboard"),
@@ -323,8 +325,11 @@ class Trainer:
         )
 
     def run(self) -> dict[str, Any]:
-        """Train until the rollouter is done; returns a summary."""
+        """Train until the rollouter is done or `trainer.total_training_steps` is reached; returns a summary."""
         while not self._stop.is_set():
+            if self.max_steps and self.step >= self.max_steps:
+                self._end_at_cap()
+                break
             groups = self._next_groups()
             if not groups:
                 break
@@ -341,14 +346,30 @@ class Trainer:
             self.tracker.log(metrics, step=self.version)
         return self.summary()
 
+    def _end_at_cap(self) -> None:
+        """`trainer.total_training_steps` reached: checkpoint while the Rollouter still runs, then stop it.
+
+        The checkpoint comes first so that it records the prompts in flight and the groups in the
+        queue as pending (as any mid-run checkpoint does): a resume with a larger cap regenerates
+        them, exactly once. Stopping first would cancel them before they were recorded.
+        """
+        if self.wg is not None and self.step % self.trigger != 0:  # the last updates are not on the engines yet
+            self.version += 1
+            self.push_weights(with_hooks=False)
+        if self.save_freq > 0 and self.step > self.start_step:
+            self.save_checkpoint()
+        self._ended_at_cap = True
+        if self.rollouter is not None:
+            ray.get(self.rollouter.stop.remote(), timeout=120)
+
     def finish(self) -> dict[str, float]:
         """After the last step: put the final weights on the engines, checkpoint, then validate (test_freq > 0)."""
         if self.wg is None:
             return {}
-        if self.step % self.trigger != 0:  # the last updates are not on the engines yet
+        if self.step % self.trigger != 0 and not self._ended_at_cap:  # the last updates are not on the engines yet
             self.version += 1
             self.push_weights(with_hooks=False)
-        if self.save_freq > 0 and self.step > 0:
+        if self.save_freq > 0 and self.step > 0 and not self._ended_at_cap:
             self.save_checkpoint()
         if self.test_freq <= 0:
             return {}
