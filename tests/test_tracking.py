@@ -17,12 +17,10 @@ from tests.fakes import FakeEngine
 from verl_async.config import ConfigError, compose, validate
 from verl_async.config.preflight import check_loggers
 from verl_async.utils import tracking_backends as backends
-from verl_async.utils.tracking import (
-    SUPPORTED_LOGGERS,
+from verl_async.utils.tracking import SUPPORTED_LOGGERS, Tracker, logger_problem
+from verl_async.utils.val_generations import (
     VAL_GENERATIONS_KEY,
-    Tracker,
     format_val_generations,
-    logger_problem,
     val_generations,
     val_sample_order,
 )

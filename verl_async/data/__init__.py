@@ -13,7 +13,8 @@ from verl_async.data.dataset import (
     read_table,
     truncate,
 )
-from verl_async.data.files import resolve_data_files, write_rows
+from verl_async.data.files import write_rows
+from verl_async.data.paths import resolve_data_files
 
 __all__ = [
     "TRUNCATION_MODES",

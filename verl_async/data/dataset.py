@@ -25,7 +25,7 @@ from typing import Any, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
-from verl_async.data.files import resolve_data_files
+from verl_async.data.paths import resolve_data_files
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from verl_async.rollout.agent_loop import reward_extra_info
 from verl_async.rollout.agent_stats import AgentStats
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
 from verl_async.utils.timeline import Timeline
-from verl_async.utils.tracking import VAL_GENERATIONS_KEY, val_generations
+from verl_async.utils.val_generations import VAL_GENERATIONS_KEY, val_generations
 
 logger = logging.getLogger("verl_async.rollout")
 

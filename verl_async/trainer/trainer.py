@@ -38,7 +38,8 @@ from verl_async.staleness import exceeds_max_staleness
 from verl_async.sync import build_sync_from_config
 from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
 from verl_async.utils.timeline import Timeline
-from verl_async.utils.tracking import VAL_GENERATIONS_KEY, Tracker
+from verl_async.utils.tracking import Tracker
+from verl_async.utils.val_generations import VAL_GENERATIONS_KEY
 
 logger = logging.getLogger("verl_async.trainer")
 

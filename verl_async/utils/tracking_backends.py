@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping
 
-from verl_async.utils.tracking import VAL_GENERATIONS_KEY, format_val_generations
+from verl_async.utils.val_generations import VAL_GENERATIONS_KEY, format_val_generations
 
 CONSOLE_TEXT_CHARS = 2000  # a validation text longer than this is shortened on the console (TensorBoard keeps it)
 MLFLOW_DEFAULT_URI = "sqlite:////tmp/mlruns.db"  # verl's default when MLFLOW_TRACKING_URI is unset
