@@ -20,6 +20,12 @@
 #                      gsm8k  like async, on GSM8K train with the real test split as validation
 #                    Same data, steps, loss and validation otherwise. Layout: 2+ GPUs -> 1 rollout GPU + 1 train
 #                    GPU, weights over NCCL; 1 GPU -> rollout.colocate=true (engine beside the trainer, object store).
+#   tools:MODE-SEED  multi-turn with the calculator on the arithmetic task with a few-shot tool prompt
+#                    (data_preprocess.arithmetic_tools -> $TOOLS_DATA), reward recipe/arith_tools/reward.py; MODE
+#                      learn  TOOLS_STEPS (64) steps from the model, the HF model saved at the end (issue 23 item 8)
+#                      sync   staleness 0, partial rollout off, with 0.5-2 s per tool call  } TOOLS_CMP_STEPS (24) steps,
+#                      async  staleness 0.5, partial rollout on, with 0.5-2 s per tool call } item 9; both start from
+#                             $TOOLS_MODEL (default: the HF model the learn run with the same SEED saved, else the model)
 #   readme:NAME      the README's bash block marked `<!-- gpu-command: NAME -->`, run verbatim with bash from the repo root
 #                    (HOME=/root), timed; its console in $STORE/readme-NAME.log, its run folder archived as
 #                    $STORE/readme-NAME.tar.gz (the block's trainer.default_local_dir, else outputs/)
@@ -47,6 +53,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 MODEL=builtin://smollm2-135m-instruct
 DATA=/tmp/data/arith
 GSM8K=/tmp/data/gsm8k
+TOOLS_DATA=/tmp/data/arith_tools
 STEPS=${STEPS:-32}
 TEST_FREQ=${TEST_FREQ:-8}
 LR=${LR:-1e-5}
@@ -100,6 +107,50 @@ train() {  # train [vllm-]MODE SEED
   local rc=$?
   echo "=== train $name: rc=$rc in $((SECONDS - t0))s"
   grep -E "validation|done in|run failed|Error" "$dir/console.log" | tail -n 8
+  (cd "$dir" && tar czf "$STORE/$name.tar.gz" --ignore-failed-read console.log tensorboard timeline.jsonl \
+      timeline.html rollout config.yaml 2>/dev/null)
+  [ $rc -eq 0 ] || status=1
+}
+
+tools_train() {  # tools_train MODE SEED: multi-turn runs of issue 23 (items 8 and 9)
+  local mode=$1 seed=$2 name="tools-$1-$2${RUN_TAG:+-$RUN_TAG}" extra tool_cfg steps model=$MODEL save=""
+  case "$mode" in
+    learn) tool_cfg=config/tool_config/calculator_tool_config.yaml steps=${TOOLS_STEPS:-64}
+           extra="async_training.staleness_threshold=0.5 async_training.partial_rollout=true"
+           save="trainer.save_freq=$steps actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]" ;;
+    sync)  tool_cfg=config/tool_config/calculator_latency_tool_config.yaml steps=${TOOLS_CMP_STEPS:-24}
+           extra="async_training.staleness_threshold=0 async_training.partial_rollout=false" ;;
+    async) tool_cfg=config/tool_config/calculator_latency_tool_config.yaml steps=${TOOLS_CMP_STEPS:-24}
+           extra="async_training.staleness_threshold=0.5 async_training.partial_rollout=true" ;;
+    *) echo "unknown tools mode $mode (learn | sync | async)" >&2; status=2; return ;;
+  esac
+  if [ "$mode" != learn ]; then
+    local learned
+    learned=$(ls -d /tmp/runs/tools-learn-"$seed"/global_step_*/actor/huggingface 2>/dev/null | sort -V | tail -1)
+    model=${TOOLS_MODEL:-${learned:-$MODEL}}
+  fi
+  [ -f "$TOOLS_DATA/train.parquet" ] || python3 -m data_preprocess.arithmetic_tools --local_dir "$TOOLS_DATA" \
+      --train_size 5000 --test_size 300 >/dev/null 2>&1 || { status=1; return; }
+  local dir=/tmp/runs/$name t0=$SECONDS
+  rm -rf "$dir" && mkdir -p "$dir"
+  echo "=== tools $name (model $model; limit ${TRAIN_LIMIT:-900}s)"
+  # shellcheck disable=SC2086
+  timeout --kill-after=15 "${TRAIN_LIMIT:-900}" python3 -m recipe.fully_async_main \
+    actor_rollout_ref.model.path=$model data.train_files=$TOOLS_DATA/train.parquet data.val_files=$TOOLS_DATA/test.parquet \
+    data.max_prompt_length=384 data.max_response_length=256 data.seed=$seed trainer.seed=$seed \
+    trainer.device=cuda rollout.colocate=true reward_model.gsm8k_method=flexible \
+    custom_reward_function.path=recipe/arith_tools/reward.py \
+    actor_rollout_ref.rollout.multi_turn.enable=true actor_rollout_ref.rollout.multi_turn.tool_config_path=$tool_cfg \
+    actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3 \
+    actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.rollout.seed=$seed \
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.optim.lr=$LR ${TRAIN_EXTRA:-} \
+    async_training.trigger_parameter_sync_step=1 $extra $save rollout.total_rollout_steps=$((steps * 16)) \
+    trainer.test_freq=$TEST_FREQ trainer.val_before_train=true 'trainer.logger=[console,tensorboard]' \
+    trainer.project_name=real_model trainer.experiment_name=$name trainer.default_local_dir=$dir \
+    hydra.run.dir=$dir/hydra > "$dir/console.log" 2>&1
+  local rc=$?
+  echo "=== tools $name: rc=$rc in $((SECONDS - t0))s"
+  tr '\r' '\n' < "$dir/console.log" | grep -aE "validation|done in|run failed|Error" | tail -n 8
   (cd "$dir" && tar czf "$STORE/$name.tar.gz" --ignore-failed-read console.log tensorboard timeline.jsonl \
       timeline.html rollout config.yaml 2>/dev/null)
   [ $rc -eq 0 ] || status=1
@@ -245,6 +296,8 @@ PY
       tar czf "$STORE/trainbench.tar.gz" -C "$STORE" trainbench ;;
     train:*)
       spec=${phase#train:}; train "${spec%-*}" "${spec##*-}" ;;
+    tools:*)
+      spec=${phase#tools:}; tools_train "${spec%-*}" "${spec##*-}" ;;
     *)
       echo "unknown phase $phase (stash setup engine[:qwen] engineprof ipctest trainbench megatron train:MODE-SEED queue:A,B wait:SECONDS)" >&2; status=2 ;;
   esac
