@@ -510,6 +510,7 @@ class RolloutResourcesConfig:
     max_prompt_retries: int = rule(ge=0)
     max_consecutive_engine_failures: int = rule(ge=1)
     progress_timeout_s: Optional[float] = rule(gt=0)
+    start_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py replica_start_timeout_s)
 
 
 @schema

@@ -31,6 +31,7 @@ from verl_async.rollout.scheduling import policy_class
 from verl_async.config.derived import (
     colocated_device_ids,
     max_required_samples,
+    replica_start_timeout_s,
     required_samples,
     rollout_replicas,
     validation_timeout_s,
@@ -174,7 +175,8 @@ class RolloutService:
                 shared_devices=colocated_device_ids(cfg),
                 fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
             )
-            engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities])
+            engines = start_replicas(count, spec, timeout_s=replica_start_timeout_s(cfg),
+                                     engine_overrides=[{"max_num_seqs": c} for c in capacities])
         self.engines = list(engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.limit = max_required_samples(cfg)
