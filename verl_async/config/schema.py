@@ -18,37 +18,19 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-# the allowed values (re-exported: callers read them as schema.NAME) and the field helpers
-from verl_async.config.schema_rules import (  # noqa: F401
+from verl_async.config.schema_rules import (
     ADV_ESTIMATORS,
-    LOSS_AGG_MODES,
     KL_TYPES,
     KL_CTRL_TYPES,
-    POLICY_LOSS_MODES,
-    ROLLOUT_NAMES,
-    ROLLOUT_DTYPES,
     TRUNCATIONS,
     DEVICES,
     RESUME_MODES,
-    STRATEGIES,
     SYNC_TRANSPORTS,
     REWARD_MANAGERS,
-    LR_SCHEDULERS,
-    FSDP_ENGINE_STRATEGIES,
     REWARD_MANAGER_SOURCES,
     VERL_IS_LEVELS,
     VERL_CORRECTION_LOSSES,
-    SYNC_BACKENDS,
-    MEGATRON_DTYPES,
-    MCORE_LR_DECAY_STYLES,
-    CORRECTION_LEVELS,
-    CORRECTION_MODES,
-    CORRECTION_VETO_RULES,
     PDSR_CAP_MODES,
-    CHECKPOINT_CONTENTS,
-    TOOL_CALL_FORMATS,
-    TRUNCATE_SIDES,
-    SANITY_CHECK_MODES,
     rule,
     schema,
 )
