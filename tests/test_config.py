@@ -20,7 +20,7 @@ from verl_async.config import (
     validate,
 )
 from verl_async.config.cli import REPO_ROOT
-from verl_async.config import schema as S
+from verl_async.config import schema_rules as S
 
 FSDP, MEGATRON = "fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer"
 
@@ -357,7 +357,7 @@ def test_hydra_argv_rewrites(tmp_path):
 
 
 def test_choice_lists_match_the_implementations():
-    """schema.py repeats the registries (it may not import torch); they must agree."""
+    """schema_rules.py repeats the registries (it may not import torch); they must agree."""
     import importlib
 
     from verl_async import algos, data, reward

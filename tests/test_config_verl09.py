@@ -200,8 +200,6 @@ _VLM = "vision-language (multi-modal) training is not implemented in verl_async;
      "are not supported; score with reward.custom_reward_function"),
     (["reward.reward_manager.source=importlib"], FSDP, "reward.reward_manager.source: importlib (a custom reward "
      "manager class) is not supported; use reward.reward_manager.name=naive|dapo with a reward.custom_reward_function"),
-    (["data.custom_cls.path=x.py"], FSDP, "data.custom_cls.path: custom dataset classes are not supported; write the "
-     "data as verl's parquet schema (prompt, data_source, reward_model.ground_truth) and set data.custom_cls.path=null"),
     (["actor_rollout_ref.rollout.name=trtllm"], FSDP, "actor_rollout_ref.rollout.name: trtllm: TensorRT-LLM "
      "generation is not implemented; use one of: native, vllm"),
 ])

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.fakes import FakeEngine
 from tests.test_rollouter import ListSource, Sink
-from verl_async.config import schema as S
+from verl_async.config import schema_rules as S
 from verl_async.queue import MessageQueue
 from verl_async.rollout import pdsr_policy
 from verl_async.rollout.engine import GenerateResult, SamplingParams

@@ -123,6 +123,56 @@ def test_the_sync_timeout_is_a_key_with_a_default_from_the_run():
     assert sync_timeout_s(cfg(partial_rollout=False, sync_timeout_s=30)) == 30.0
 
 
+def test_a_slow_weight_sync_fails_the_run_naming_its_timeout_key(ray_session, monkeypatch, tmp_path, tiny_model_dir):
+    """An engine whose weight load outlasts async_training.sync_timeout_s: the Trainer's push fails within it, and the
+    run's one line (errors.root_cause) says which key to raise."""
+    import ray
+
+    from verl_async.errors import root_cause
+    from verl_async.sync import object_store, rollout_weight_sync
+    from verl_async.trainer.trainer import Trainer
+
+    class SlowLoad:  # a replica's engine (a slow disk, a stuck device): its load takes a minute
+        async def update_weights(self, named_tensors, version):
+            await asyncio.sleep(60)
+
+    @ray.remote
+    class Rollout:  # the rollout side as RolloutService has it: pause, resume, the one forwarding call
+        def __init__(self):
+            self.sync_engines = [SlowLoad()]
+
+        async def pause_for_sync(self):
+            pass
+
+        async def resume_after_sync(self, version):
+            pass
+
+        async def weight_sync(self, transport, step, *args, **kwargs):
+            return await rollout_weight_sync(self, transport, step, *args, **kwargs)
+
+    cfg = validate(compose(overrides=[
+        f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.logger=[console]",
+        f"trainer.default_local_dir={tmp_path / 'run'}", "async_training.sync_transport=object_store",
+        "async_training.sync_timeout_s=2"]))
+    bucket = ray.put([("w", torch.ones(2))])  # what trainer rank 0 streams, without a worker group
+    monkeypatch.setattr(object_store, "bucket_refs", lambda worker_group, bucket_bytes, dtype=None: iter([bucket]))
+    rollout = Rollout.remote()
+    ray.get(rollout.resume_after_sync.remote(0), timeout=120)  # started: the 2 s are the load's alone
+    trainer = Trainer(cfg, None, rollout, run_dir=str(tmp_path), run_start=time.time(), pad_token_id=0,
+                      worker_group=SimpleNamespace())
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(SyncError) as caught:
+            trainer.push_weights(False)
+    finally:
+        ray.kill(rollout)
+    assert time.monotonic() - t0 < 30
+    assert root_cause(caught.value) == (
+        "SyncError: parameter sync: loading bucket 0 did not finish on ['rollouter'] within 2s (a member is dead or "
+        "stuck; raise async_training.sync_timeout_s if it is only slow)")
+
+
 def test_a_dead_actor_behind_a_sync_is_the_runs_root_cause(ray_session):
     """A replica that dies during a sync: SyncError names the step; the run's one line names the dead actor."""
     import ray

@@ -6,7 +6,8 @@ overrides, with the data, model, checkpoint and reward-function paths made local
 the dry run's checks (validation and preflight pass; nothing starts). A script that asks for
 something verl_async does not implement is refused in one line naming the key; REFUSALS lists
 those lines in the order they come and the override that answers each, after which the
-script passes the dry run too.
+script passes the dry run too. The ReTool script keeps its dataset class (data.custom_cls, our
+recipe/retool/retool.py at the path it names), which reads its AIME data as the hub ships them.
 """
 
 from __future__ import annotations
@@ -45,15 +46,15 @@ REFUSALS = {
     "grpo_8b_base_math_megatron_4_4_trtllm": [(
         "actor_rollout_ref.rollout.name: trtllm: TensorRT-LLM generation is not implemented; use one of: native, vllm",
         ["actor_rollout_ref.rollout.name=vllm"])],
-    # multi-turn tool calling runs (its tool config: recipe/retool/, the sandboxed interpreter); ReTool's dataset
-    # class and Ulysses are refused
+    # multi-turn tool calling runs (its tool config and dataset class: recipe/retool/, the sandboxed interpreter);
+    # Ulysses is refused
     "dapo_7b_async_retool": [
-        ("data.custom_cls.path: custom dataset classes are not supported; write the data as verl's parquet schema "
-         "(prompt, data_source, reward_model.ground_truth) and set data.custom_cls.path=null", ["data.custom_cls.path=null"]),
         (f"actor_rollout_ref.actor.ulysses_sequence_parallel_size: 4: {_SP}",
          ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"]),
     ],
 }
+# script -> {key: local_paths entry}: data in the shape a script's dataset class reads (the others: verl's schema)
+HUB_SHAPED = {"dapo_7b_async_retool": {"data.val_files": "_aime_2024"}}
 # The dry run here is on CPU, where a null micro-batch token budget means 4096 (on the scripts' GPUs it is sized to
 # hold the longest sequence): a script that leaves it null with longer sequences gets one for the CPU stand-in.
 CPU_BUDGET = {"grpo_8b_base_math_megatron_4_4_trtllm": ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480"]}
@@ -73,6 +74,9 @@ def _write_parquet(path, rows: int) -> str:
 @pytest.fixture(scope="module")
 def local_paths(tmp_path_factory, tiny_model_dir) -> dict:
     """What each path-valued key becomes: a parquet with enough rows for one step of every script, ..."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     root = tmp_path_factory.mktemp("verl09")
     scorer = root / "retool.py"
     scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
@@ -80,7 +84,12 @@ def local_paths(tmp_path_factory, tiny_model_dir) -> dict:
     fake_wandb = root / "site" / "wandb"  # the trtllm script logs to wandb: a stand-in package for preflight
     fake_wandb.mkdir(parents=True)
     (fake_wandb / "__init__.py").write_text("")
+    aime = root / "Maxwell-Jia" / "AIME_2024"  # as the hub ships it: ReTool's dataset class maps the columns
+    aime.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{"ID": f"2024-I-{i}", "Problem": f"What is {i} * 12?", "Solution": "...",
+                                          "Answer": 12 * i} for i in range(1, 5)]), aime / "aime_2024_problems.parquet")
     return {
+        "_aime_2024": str(aime / "aime_2024_problems.parquet"),
         "data.train_files": _write_parquet(root / "dapo-math-17k.parquet", 128),
         "data.val_files": _write_parquet(root / "aime-2024.parquet", 4),
         "actor_rollout_ref.model.path": tiny_model_dir,
@@ -105,8 +114,9 @@ def script_argv(name: str, tmp_path) -> list[str]:
     return argv[2:]
 
 
-def localize(args: list[str], paths: dict) -> list[str]:
-    """Path-valued overrides set to the local files; those a script leaves out are added."""
+def localize(args: list[str], paths: dict, script: str = "") -> list[str]:
+    """Path-valued overrides set to the local files (HUB_SHAPED's for `script`); those a script leaves out are added."""
+    paths = {**paths, **{key: paths[entry] for key, entry in HUB_SHAPED.get(script, {}).items()}}
     out, seen = [], set()
     for arg in args:
         key, eq, _ = arg.lstrip("+").partition("=")
@@ -140,7 +150,7 @@ def run_entry(args: list[str], paths: dict, tmp_path, flags: tuple = (), **env) 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
 def test_script_composes_and_passes_the_dry_run(name, tmp_path, local_paths, monkeypatch, capsys):
-    args = localize(script_argv(name, tmp_path), local_paths)
+    args = localize(script_argv(name, tmp_path), local_paths, name)
     # as written: it composes (--cfg job prints the config, verl 0.9's keys included)
     proc = run_entry(args, local_paths, tmp_path, ("--cfg", "job"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -175,7 +185,7 @@ def test_a_refusal_is_one_line_on_the_command_line(tmp_path, local_paths):
 
 
 def _mapped(name: str, tmp_path, paths: dict):
-    config_name, overrides = split_argv(localize(script_argv(name, tmp_path), paths))
+    config_name, overrides = split_argv(localize(script_argv(name, tmp_path), paths, name))
     fixes = [o for _, fix in REFUSALS[name] for o in fix]
     reset_compat_warnings()
     return validate(compose(config_name, overrides + fixes))
@@ -223,6 +233,22 @@ def test_retool_script_maps_its_reward_function(tmp_path, local_paths):
     assert cfg.custom_reward_function.path == local_paths["reward.custom_reward_function.path"]
     assert cfg.custom_reward_function.name == "compute_score"
     assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 30 and cfg.data.filter_overlong_prompts is True
+
+
+def test_retool_script_reads_its_data_through_its_dataset_class(tmp_path, local_paths):
+    from verl_async.config.model_source import prompt_tokenizer
+    from verl_async.config.preflight import load_prompts
+
+    cfg = _mapped("dapo_7b_async_retool", tmp_path, local_paths)
+    assert (cfg.data.custom_cls.path, cfg.data.custom_cls.name) == (str(REPO_ROOT / "recipe/retool/retool.py"),
+                                                                    "CustomRLHFDataset")  # made absolute
+    tokenizer = prompt_tokenizer(cfg)
+    train, val = (load_prompts(cfg, tokenizer, split) for split in ("train", "val"))
+    answer_format = "\nThe answer format must be: \\boxed{'The final answer goes here.'}"
+    assert type(train).__name__ == type(val).__name__ == "CustomRLHFDataset"
+    assert train[0].messages[0]["content"].endswith("after 'Answer:'." + answer_format)
+    assert [(item.data_source, item.ground_truth, item.agent_name) for item in val] == [
+        ("aime_2024", str(12 * i), "tool_agent") for i in range(1, 5)]
 
 
 def test_retool_script_runs_its_tool_agent_loop(tmp_path, local_paths):

@@ -1,10 +1,12 @@
-"""The optional heavy dependencies (vLLM, megatron-core): imported where first needed, one error when missing.
+"""The optional heavy dependencies (vLLM, megatron-core, Ascend's torch_npu and MindSpeed): imported where first
+needed, one error when missing.
 
-Everything else in verl_async is a plain import. These two are extras (`pip install
-'verl_async[vllm]'`, `'verl_async[megatron]'`), large, and needed only by one config
-choice each, so a run with the native engine and FSDP2 never imports them. Code that
-needs one calls `require(VLLM, "vllm.some.module")`: when the package is missing the
+Everything else in verl_async is a plain import. These are extras (`pip install
+'verl_async[vllm]'`, `'verl_async[megatron]'`, `'verl_async[npu]'`), large, and needed only by one
+config choice each, so a run with the native engine and FSDP2 on CUDA or CPU never imports them.
+Code that needs one calls `require(VLLM, "vllm.some.module")`: when the package is missing the
 run stops with one message naming the config key that asked for it and the install line.
+`try_import` is for a package that only improves a run when present (MindSpeed's NPU kernels).
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ MEGATRON = OptionalDependency(
 )
 
 
+TORCH_NPU = OptionalDependency(
+    "torch_npu", "trainer.device=npu", "pip install 'verl_async[npu]' on an Ascend host",
+)
+MINDSPEED = OptionalDependency(
+    "mindspeed", "actor_rollout_ref.actor.strategy=megatron with trainer.device=npu",
+    "MindSpeed on PYTHONPATH (optional: NPU kernels for megatron-core)",
+)
+
+
 class MissingDependencyError(ImportError):
     """An optional dependency that the config asks for is not installed (or does not import)."""
 
@@ -54,3 +65,12 @@ def require(dependency: OptionalDependency, module: Optional[str] = None) -> Mod
         raise MissingDependencyError(
             f"{dependency.needed_by} needs {dependency.package}: {dependency.install} (import {name}: {exc})"
         ) from exc
+
+
+def try_import(dependency: OptionalDependency, module: Optional[str] = None) -> Optional[ModuleType]:
+    """Import `module` (default: the dependency's package), or None when it does not import: for a package that
+    only improves a run when present."""
+    try:
+        return importlib.import_module(module or dependency.package)
+    except ImportError:
+        return None

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl_async.models.builtin import resolve_model_path
 from verl_async.models.loading import run_tokenizer
 from verl_async.queue import MessageQueue
-from verl_async.config.derived import FINISH_TIMEOUT_RULE, max_required_samples, required_samples
+from verl_async.config.derived import FINISH_TIMEOUT_RULE, max_required_samples, replica_start_timeout_s, required_samples
 from verl_async.config.resume import step_of
 from verl_async.errors import PipelineError, root_cause
 from verl_async.rollout.service import RolloutService
@@ -187,7 +187,9 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
         version = _get("the resume", trainer.restore.remote(), timeout)
         total_steps = None
         if rollouter is not None:
-            prompts = int(ray.get(rollouter.total_prompts.remote(), timeout=timeout))
+            # its start-up (data, reward, engines) first: the engines' own deadline (rollout.start_timeout_s) fires first
+            prompts = int(_get("starting the Rollouter", rollouter.total_prompts.remote(),
+                               timeout + replica_start_timeout_s(cfg)))
             total_steps = max(1, -(-prompts // required_samples(cfg)))
         cap = int(cfg.trainer.get("total_training_steps") or 0)
         if cap:  # the trainer stops there (a run with algorithm.filter_groups needs more prompts than steps)

@@ -91,10 +91,6 @@ def unsupported_features(cfg: DictConfig) -> None:
             cfg.actor_rollout_ref.model.lora_rank > 0, "LoRA is not supported by verl_async; set it to 0"),
         "reward_model.enable": (cfg.reward_model.enable, reward_model),
         "reward.reward_model.enable": (bool(cfg.reward.reward_model.get("enable")), reward_model),
-        "data.custom_cls.path": (
-            cfg.data.custom_cls.path is not None,
-            "custom dataset classes are not supported; write the data as verl's parquet schema (prompt, data_source, "
-            "reward_model.ground_truth) and set data.custom_cls.path=null"),
         "reward.reward_manager.source": (
             cfg.reward.reward_manager.source == "importlib",
             "importlib (a custom reward manager class) is not supported; use reward.reward_manager.name=naive|dapo "
@@ -402,6 +398,22 @@ def data_files(cfg: DictConfig) -> None:
     """Values may be a path, builtin://NAME (resolved by verl_async.data) or a list of them."""
     _check_files("data.train_files", cfg.data.train_files, required=True)
     _check_files("data.val_files", cfg.data.val_files, required=False)
+
+
+@check
+def custom_dataset_class(cfg: DictConfig) -> None:
+    """data.custom_cls names a .py file and a class name (the preflight loads the class: verl_async.data.custom).
+    Makes the path absolute: the Rollouter's working folder may differ."""
+    custom = cfg.data.custom_cls
+    if custom.path is None:
+        return
+    given = os.path.expanduser(custom.path)
+    if not os.path.isfile(given):
+        where = "" if os.path.isabs(given) else f" (relative to {os.getcwd()})"
+        raise ConfigError("data.custom_cls.path", f"no such file: {custom.path}{where}")
+    if not custom.name:
+        raise ConfigError("data.custom_cls.name", f"not set; name the dataset class in {custom.path}")
+    custom.path = os.path.abspath(given)
 
 
 @check

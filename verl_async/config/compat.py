@@ -35,7 +35,6 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "data.dataloader_num_workers": Compat(0),
     "data.filter_overlong_prompts_workers": Compat(1),
     "data.gen_batch_size": Compat(1, "the Rollouter hands a prompt to the engines as soon as one has room"),
-    "data.custom_cls.name": Compat(None, "custom dataset classes are not supported (data.custom_cls.path is refused)"),
     "data.apply_chat_template_kwargs": Compat({}),
     "actor_rollout_ref.hybrid_engine": Compat(False, "rollout and training never share devices in fully async mode"),
     "actor_rollout_ref.nccl_timeout": Compat(600),

@@ -115,3 +115,13 @@ def finish_timeout_s(cfg: Any, validation_s: float) -> float:
     if configured is not None:
         return float(configured)
     return 2.0 * float(cfg.trainer.worker_timeout_s) + float(validation_s)
+
+
+START_TIMEOUT_KEY = "rollout.start_timeout_s"
+
+
+def replica_start_timeout_s(cfg: Any) -> float:
+    """How long the engine replicas may take to load the model and start: `rollout.start_timeout_s`, or
+    `trainer.worker_timeout_s` (the trainer's own start-up bound) when it is null."""
+    configured = cfg.rollout.get("start_timeout_s")
+    return float(configured) if configured is not None else float(cfg.trainer.worker_timeout_s)

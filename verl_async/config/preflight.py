@@ -3,7 +3,8 @@
 validate() looks at the config alone (fast, no torch); preflight() opens things: the
 device, the optional packages the config asks for (vLLM, megatron-core), the model (a local folder, the HF cache or a reachable hub),
 the custom reward function, and the data, tokenised with the model's tokenizer and chat
-template exactly as the Rollouter will (verl_async.data.PromptDataset), so an overlong
+template exactly as the Rollouter will (verl_async.data.PromptDataset, or the class that
+data.custom_cls names: verl_async.data.custom), so an overlong
 prompt under `data.truncation=error` is reported with its file, row and length. Last it
 decides what the run resumes (verl_async.config.resume) before anything is written.
 Problems raise ConfigError naming the key (or the file and row) to fix.
@@ -167,7 +168,7 @@ def load_prompts(cfg: DictConfig, tokenizer: Any, split: str) -> Optional[Any]:
 
     builtin:// datasets are generated (and cached) here on first use.
     """
-    from verl_async.data import DataError, PromptDataset
+    from verl_async.data import DataError, DatasetClassError, dataset_from_config
 
     key, value = f"data.{split}_files", cfg.data[f"{split}_files"]
     if value is None or (isinstance(value, ListConfig) and len(value) == 0):
@@ -177,8 +178,10 @@ def load_prompts(cfg: DictConfig, tokenizer: Any, split: str) -> Optional[Any]:
                           "chat template, so prompts cannot be built")
     from verl_async.tools.tool_registry import multi_turn_tool_schemas
 
-    try:  # multi-turn: rendered with the tools' schemas, as the Rollouter renders them
-        return PromptDataset.from_config(cfg.data, tokenizer, split,
-                                         tools=multi_turn_tool_schemas(cfg.actor_rollout_ref.rollout.multi_turn))
+    try:  # multi-turn: rendered with the tools' schemas, as the Rollouter renders them; data.custom_cls's class
+        return dataset_from_config(cfg.data, tokenizer, split,
+                                   tools=multi_turn_tool_schemas(cfg.actor_rollout_ref.rollout.multi_turn))
+    except DatasetClassError as exc:
+        raise ConfigError(exc.key, exc.reason) from None
     except (DataError, FileNotFoundError, ValueError) as exc:
         raise ConfigError(key, str(exc).removeprefix(f"{key}: ")) from None

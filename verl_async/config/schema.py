@@ -10,59 +10,36 @@ Megatron optimizer keys; validate() picks it when actor.strategy=megatron.
 To add a key: put its default in the YAML and a typed field here, e.g.
     my_key: int = rule(ge=1)            # or a plain annotation: my_key: int
 Cross-key rules go in verl_async/config/checks.py. Free-form nodes are Dict[str, Any].
+verl's `actor_rollout_ref` group (model, actor, ref, rollout) is in schema_actor_rollout_ref.py,
+the allowed values and `rule` in schema_rules.py; this module holds the rest and the root.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
-# Allowed values. They mirror the registries of the modules that implement them
-# (verl_async.algos, .data, .reward, .utils), which import torch/pyarrow; this module
-# must not, so tests/test_config.py checks that the lists agree.
-ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-# kl|k1, abs, mse|k2, low_var_kl|k3; a "+" suffix takes k2's gradient (straight-through), as in verl
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")
-KL_CTRL_TYPES = ("fixed", "adaptive")
-POLICY_LOSS_MODES = ("vanilla",)
-ROLLOUT_NAMES = ("native", "vllm")
-ROLLOUT_DTYPES = ("bfloat16", "float16", "float32", "bf16", "fp16", "fp32")
-TRUNCATIONS = ("error", "left", "right", "middle")
-DEVICES = ("cuda", "npu", "cpu")  # == verl_async.utils.device.DEVICE_KINDS (not imported: it pulls in torch)
-RESUME_MODES = ("auto", "disable", "resume_path")
-STRATEGIES = ("fsdp", "fsdp2", "megatron")  # fsdp (verl's FSDP1) runs as fsdp2
-SYNC_TRANSPORTS = ("auto", "object_store", "nccl", "hccl", "gloo", "cuda_ipc")
-REWARD_MANAGERS = ("naive", "dapo")
-LR_SCHEDULERS = ("constant", "cosine")
-FSDP_ENGINE_STRATEGIES = ("fsdp", "fsdp2")  # verl 0.9's fsdp_config.strategy; both run as FSDP2
-REWARD_MANAGER_SOURCES = ("register", "importlib")  # importlib (a custom class) is refused (config/verl09.py)
-VERL_IS_LEVELS = ("token", "sequence")  # verl 0.9's algorithm.rollout_correction.rollout_is
-VERL_CORRECTION_LOSSES = ("ppo_clip", "reinforce")  # reinforce is refused (config/verl09.py)
-SYNC_BACKENDS = ("nccl", "hccl")  # verl 0.9's rollout.checkpoint_engine.backend -> async_training.sync_transport
-MEGATRON_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
-MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
-CORRECTION_LEVELS = ("token", "sequence", "geometric")
-CORRECTION_MODES = ("truncate", "clip", "mask")
-CORRECTION_VETO_RULES = ("old_prob", "ratio")  # == verl_async.algos.rollout_correction.VETO_RULES
-PDSR_CAP_MODES = ("l_cut", "probe")  # == verl_async.rollout.pdsr_policy.CAP_MODES
-CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")  # verl's actor.checkpoint.save_contents
-TOOL_CALL_FORMATS = ("hermes",)  # == verl_async.rollout.tool_parser.PARSERS
-TRUNCATE_SIDES = ("left", "middle", "right")
-SANITY_CHECK_MODES = ("disable", "strict", "ignore_strippable")
-
-
-def rule(*, choices=None, ge=None, gt=None, le=None) -> Any:
-    """A schema field with no default and simple value rules, checked by validate().
-
-    A None value always passes (Optional fields); for list fields `choices` applies to
-    each element.
-    """
-    meta = {k: v for k, v in dict(choices=choices, ge=ge, gt=gt, le=le).items() if v is not None}
-    return field(metadata=meta)
-
-
-schema = dataclass(kw_only=True)
+from verl_async.config.schema_rules import (
+    ADV_ESTIMATORS,
+    KL_TYPES,
+    KL_CTRL_TYPES,
+    TRUNCATIONS,
+    DEVICES,
+    RESUME_MODES,
+    SYNC_TRANSPORTS,
+    REWARD_MANAGERS,
+    REWARD_MANAGER_SOURCES,
+    VERL_IS_LEVELS,
+    VERL_CORRECTION_LOSSES,
+    PDSR_CAP_MODES,
+    rule,
+    schema,
+)
+from verl_async.config.schema_actor_rollout_ref import (  # noqa: F401 - OptimConfig: the keys Megatron adds
+    ActorRolloutRefConfig,
+    MegatronActorRolloutRefConfig,
+    MegatronOptimConfig,
+    OptimConfig,
+)
 
 
 # --------------------------------------------------------------------------- data
@@ -98,275 +75,6 @@ class DataConfig:
     skip_bad_rows: bool
     custom_cls: CustomClsConfig
     apply_chat_template_kwargs: Dict[str, Any]
-
-
-# --------------------------------------------------------------------------- model
-@schema
-class FusedKernelOptions:
-    impl_backend: str
-
-
-@schema
-class ModelConfig:
-    path: str
-    custom_chat_template: Optional[str]
-    external_lib: Optional[str]
-    override_config: Dict[str, Any]
-    enable_gradient_checkpointing: bool
-    enable_activation_offload: bool
-    use_remove_padding: bool
-    attn_implementation: str = rule(choices=("auto", "sdpa", "eager", "flash_attention_2", "varlen"))
-    use_fused_kernels: bool
-    fused_kernel_options: FusedKernelOptions
-    use_liger: bool
-    trust_remote_code: bool
-    use_shm: bool
-    lora_rank: int = rule(ge=0)
-    lora_alpha: float
-    target_modules: Any  # "all-linear" or a list of module names
-    exclude_modules: Any
-
-
-# --------------------------------------------------------------------------- actor
-@schema
-class PolicyLossConfig:
-    loss_mode: str = rule(choices=POLICY_LOSS_MODES)
-
-
-@schema
-class RolloutCorrectionConfig:
-    enable: bool
-    level: str = rule(choices=CORRECTION_LEVELS)
-    mode: str = rule(choices=CORRECTION_MODES)
-    lower: Optional[float] = rule(gt=0)
-    upper: Optional[float] = rule(gt=0)  # None: no upper bound
-    rs: bool
-    rs_level: Optional[str] = rule(choices=CORRECTION_LEVELS)
-    rs_lower: Optional[float] = rule(ge=0)
-    rs_upper: Optional[float] = rule(gt=0)
-    veto_threshold: Optional[float] = rule(gt=0, le=1)
-    veto_rule: str = rule(choices=CORRECTION_VETO_RULES)
-    batch_normalize: bool
-
-
-@schema
-class OptimConfig:
-    lr: float = rule(ge=0)
-    lr_warmup_steps: int
-    lr_warmup_steps_ratio: float = rule(ge=0, le=1)
-    min_lr_ratio: Optional[float] = rule(ge=0, le=1)
-    num_cycles: float
-    lr_scheduler_type: str = rule(choices=LR_SCHEDULERS)
-    warmup_style: Optional[str] = rule(choices=LR_SCHEDULERS)  # verl's old name of lr_scheduler_type
-    total_training_steps: int
-    weight_decay: float = rule(ge=0)
-    betas: List[float]
-    eps: float = rule(gt=0)
-    clip_grad: float = rule(ge=0)
-    override_optimizer_config: Dict[str, Any]
-
-
-@schema
-class MegatronOptimConfig(OptimConfig):
-    optimizer: str
-    lr_decay_steps: Optional[int]
-    lr_decay_style: str = rule(choices=MCORE_LR_DECAY_STYLES)
-    lr_warmup_init: float
-    min_lr: float = rule(ge=0)
-    weight_decay_incr_style: str
-    lr_wsd_decay_style: str
-    lr_wsd_decay_steps: Optional[int]
-    use_checkpoint_opt_param_scheduler: bool
-
-
-@schema
-class MixedPrecisionConfig:
-    param_dtype: str
-    reduce_dtype: str
-
-
-@schema
-class WrapPolicyConfig:
-    min_num_params: int = rule(ge=0)
-
-
-@schema
-class FSDPConfig:
-    strategy: Optional[str] = rule(choices=FSDP_ENGINE_STRATEGIES)  # verl 0.9; null: actor.strategy decides
-    param_offload: bool
-    optimizer_offload: bool
-    offload_policy: bool
-    reshard_after_forward: bool
-    fsdp_size: int
-    forward_prefetch: bool
-    grad_accum_no_sync: bool
-    mixed_precision: MixedPrecisionConfig
-    wrap_policy: WrapPolicyConfig
-
-
-@schema
-class RefFSDPConfig:
-    strategy: Optional[str] = rule(choices=FSDP_ENGINE_STRATEGIES)
-    param_offload: bool
-    reshard_after_forward: bool
-    wrap_policy: WrapPolicyConfig
-
-
-@schema
-class MegatronConfig:
-    param_offload: bool
-    tensor_model_parallel_size: int = rule(ge=1)
-    expert_model_parallel_size: int = rule(ge=1)
-    expert_tensor_parallel_size: Optional[int] = rule(ge=1)
-    pipeline_model_parallel_size: int = rule(ge=1)
-    virtual_pipeline_model_parallel_size: Optional[int] = rule(ge=1)
-    context_parallel_size: int = rule(ge=1)
-    sequence_parallel: bool
-    use_distributed_optimizer: bool
-    use_dist_checkpointing: bool
-    dist_checkpointing_path: Optional[str]
-    seed: int
-    dtype: str = rule(choices=MEGATRON_DTYPES)
-    use_mbridge: bool
-    override_transformer_config: Dict[str, Any]
-
-
-@schema
-class ActorMegatronConfig(MegatronConfig):
-    grad_offload: bool
-    optimizer_offload: bool
-
-
-@schema
-class CheckpointConfig:
-    save_contents: List[str] = rule(choices=CHECKPOINT_CONTENTS)
-    load_contents: List[str] = rule(choices=CHECKPOINT_CONTENTS)
-
-
-@schema
-class ActorConfig:
-    strategy: str = rule(choices=STRATEGIES)
-    ppo_mini_batch_size: int = rule(gt=0)
-    ppo_micro_batch_size: Optional[int] = rule(gt=0)  # verl's global micro-batch; converted to per-GPU
-    ppo_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
-    use_dynamic_bsz: bool
-    ppo_max_token_len_per_gpu: Optional[int] = rule(gt=0)
-    ppo_epochs: int = rule(ge=1)
-    shuffle: bool
-    grad_clip: float = rule(ge=0)
-    clip_ratio: float = rule(ge=0)
-    clip_ratio_low: Optional[float] = rule(ge=0)
-    clip_ratio_high: Optional[float] = rule(ge=0)
-    clip_ratio_c: float = rule(gt=1)
-    loss_agg_mode: str = rule(choices=LOSS_AGG_MODES)
-    entropy_coeff: float
-    use_kl_loss: bool
-    kl_loss_coef: float = rule(ge=0)
-    kl_loss_type: str = rule(choices=KL_TYPES)
-    use_torch_compile: Optional[bool]
-    ulysses_sequence_parallel_size: int = rule(ge=1)
-    entropy_from_logits_with_chunking: bool
-    entropy_checkpointing: bool
-    use_rollout_log_probs: bool
-    policy_loss: PolicyLossConfig
-    rollout_correction: RolloutCorrectionConfig
-    optim: OptimConfig
-    fsdp_config: FSDPConfig
-    checkpoint: CheckpointConfig
-
-
-@schema
-class RefConfig:
-    strategy: str = rule(choices=STRATEGIES)
-    use_torch_compile: Optional[bool]
-    log_prob_micro_batch_size: Optional[int] = rule(gt=0)
-    log_prob_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
-    log_prob_use_dynamic_bsz: bool
-    log_prob_max_token_len_per_gpu: Optional[int] = rule(gt=0)
-    ulysses_sequence_parallel_size: int = rule(ge=1)
-    fsdp_config: RefFSDPConfig
-
-
-# --------------------------------------------------------------------------- rollout
-@schema
-class ValKwargsConfig:
-    top_k: int = rule(ge=-1)
-    top_p: float = rule(gt=0, le=1)
-    temperature: float = rule(ge=0)
-    n: int = rule(ge=1)
-    do_sample: bool
-
-
-@schema
-class MultiTurnConfig:
-    enable: bool
-    max_assistant_turns: Optional[int] = rule(ge=1)
-    max_user_turns: Optional[int] = rule(ge=1)
-    max_parallel_calls: int = rule(ge=1)
-    max_tool_response_length: int = rule(gt=0)
-    tool_response_truncate_side: str = rule(choices=TRUNCATE_SIDES)
-    tool_config_path: Optional[str]
-    function_tool_path: Optional[str]
-    format: str = rule(choices=TOOL_CALL_FORMATS)
-    tool_timeout_s: float = rule(gt=0)
-    use_inference_chat_template: bool
-    tokenization_sanity_check_mode: str = rule(choices=SANITY_CHECK_MODES)
-    num_repeat_rollouts: Optional[int]
-
-
-@schema
-class RolloutCheckpointEngineConfig:
-    """verl 0.9's weight-sync settings, copied onto async_training.* by validation."""
-
-    backend: Optional[str] = rule(choices=SYNC_BACKENDS)
-    update_weights_bucket_megabytes: Optional[int] = rule(gt=0)
-
-
-@schema
-class RolloutConfig:
-    name: str = rule(choices=ROLLOUT_NAMES)
-    mode: str
-    n: int = rule(ge=1)
-    temperature: float = rule(ge=0)
-    top_k: int = rule(ge=-1)
-    top_p: float = rule(gt=0, le=1)
-    do_sample: bool
-    prompt_length: int = rule(gt=0)
-    response_length: int = rule(gt=0)
-    dtype: str = rule(choices=ROLLOUT_DTYPES)
-    ignore_eos: bool
-    calculate_log_probs: bool
-    tensor_model_parallel_size: int = rule(ge=1)
-    gpu_memory_utilization: float = rule(gt=0, le=1)
-    max_num_batched_tokens: int = rule(gt=0)
-    max_model_len: Optional[int] = rule(gt=0)
-    max_num_seqs: int = rule(ge=1)
-    kv_cache_tokens: Optional[int] = rule(gt=0)
-    enforce_eager: Optional[bool]
-    free_cache_engine: bool
-    enable_chunked_prefill: bool
-    enable_prefix_caching: bool
-    load_format: str
-    disable_log_stats: bool
-    seed: int
-    log_prob_micro_batch_size: Optional[int] = rule(gt=0)
-    log_prob_micro_batch_size_per_gpu: Optional[int] = rule(gt=0)
-    log_prob_use_dynamic_bsz: bool
-    log_prob_max_token_len_per_gpu: Optional[int] = rule(gt=0)
-    multi_turn: MultiTurnConfig
-    val_kwargs: ValKwargsConfig
-    engine_kwargs: Dict[str, Any]
-    checkpoint_engine: RolloutCheckpointEngineConfig
-
-
-@schema
-class ActorRolloutRefConfig:
-    hybrid_engine: bool
-    nccl_timeout: int = rule(gt=0)
-    model: ModelConfig
-    actor: ActorConfig
-    ref: RefConfig
-    rollout: RolloutConfig
 
 
 # --------------------------------------------------------------------------- the rest
@@ -510,6 +218,7 @@ class RolloutResourcesConfig:
     max_prompt_retries: int = rule(ge=0)
     max_consecutive_engine_failures: int = rule(ge=1)
     progress_timeout_s: Optional[float] = rule(gt=0)
+    start_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py replica_start_timeout_s)
 
 
 @schema
@@ -593,25 +302,6 @@ class RootConfig:
     ray_init: RayInitConfig
     ray_kwargs: RayKwargsConfig
     global_profiler: Dict[str, Any]
-
-
-
-# --------------------------------------------------------------------------- megatron
-@schema
-class MegatronActorConfig(ActorConfig):
-    optim: MegatronOptimConfig
-    megatron: ActorMegatronConfig
-
-
-@schema
-class MegatronRefConfig(RefConfig):
-    megatron: MegatronConfig
-
-
-@schema
-class MegatronActorRolloutRefConfig(ActorRolloutRefConfig):
-    actor: MegatronActorConfig
-    ref: MegatronRefConfig
 
 
 @schema

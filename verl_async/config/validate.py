@@ -114,7 +114,7 @@ def _check_missing(typed: DictConfig) -> None:
 
 
 def _check_rules(node: DictConfig, prefix: str) -> None:
-    """Apply the `rule(...)` metadata of schema.py (choices, bounds), depth first in field order."""
+    """Apply the `rule(...)` metadata of the schema (schema_rules.py; choices, bounds), depth first in field order."""
     cls = OmegaConf.get_type(node)
     if not dataclasses.is_dataclass(cls):
         return

@@ -1,4 +1,4 @@
-"""Prompt data: verl-schema parquet files, the chat-templated dataset, the built-in task."""
+"""Prompt data: verl-schema parquet files, the chat-templated dataset, user dataset classes, the built-in task."""
 
 from verl_async.data.dataset import (
     TRUNCATION_MODES,
@@ -13,6 +13,7 @@ from verl_async.data.dataset import (
     read_table,
     truncate,
 )
+from verl_async.data.custom import DatasetClassError, RLHFDataset, dataset_from_config, load_dataset_class
 from verl_async.data.files import write_rows
 from verl_async.data.paths import resolve_data_files
 
@@ -20,12 +21,16 @@ __all__ = [
     "TRUNCATION_MODES",
     "BadRow",
     "DataError",
+    "DatasetClassError",
     "Draw",
     "LoadStats",
     "PromptDataset",
     "PromptItem",
     "PromptIterator",
+    "RLHFDataset",
     "check_schema",
+    "dataset_from_config",
+    "load_dataset_class",
     "read_table",
     "resolve_data_files",
     "truncate",

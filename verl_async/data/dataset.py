@@ -69,6 +69,7 @@ class LoadStats:
     bad_rows: int = 0
     filtered_overlong: int = 0
     truncated: int = 0
+    dropped: int = 0  # rows a data.custom_cls map_fn left out (verl_async.data.custom)
     bad_row_examples: list[BadRow] = field(default_factory=list)  # the first few
 
 
@@ -210,14 +211,15 @@ class PromptDataset(Sequence[PromptItem]):
         for path in self.files:
             self._load_file(path)
         if not self.items:
+            dropped = f", left out by map_fn: {self.stats.dropped}" if self.stats.dropped else ""
             raise DataError(
                 f"{key}: no usable prompt in {', '.join(self.files)} (bad rows: {self.stats.bad_rows}, "
-                f"filtered as overlong: {self.stats.filtered_overlong})"
+                f"filtered as overlong: {self.stats.filtered_overlong}{dropped})"
             )
         s = self.stats
         logger.info(
-            "%s: %d prompts from %d file(s); %d bad rows skipped, %d overlong filtered, %d truncated",
-            key, s.rows_kept, s.files, s.bad_rows, s.filtered_overlong, s.truncated,
+            "%s: %d prompts from %d file(s); %d bad rows skipped, %d overlong filtered, %d truncated, %d left out",
+            key, s.rows_kept, s.files, s.bad_rows, s.filtered_overlong, s.truncated, s.dropped,
         )
 
     @classmethod
@@ -250,51 +252,58 @@ class PromptDataset(Sequence[PromptItem]):
             self.stats.bad_row_examples.append(BadRow(path, row, reason))
             logger.warning("%s: skipping row %d: %s", path, row, reason)
 
-    def _load_file(self, path: str) -> None:
+    def _read_rows(self, path: str) -> list[Optional[dict[str, Any]]]:
+        """The rows of one file in verl's schema, checked as a file; None marks a row already counted
+        (data.custom_cls subclasses read and map rows here: verl_async.data.custom)."""
         table = read_table(path, self.key)
         check_schema(table, path, self.prompt_key, self.reward_fn_key)
-        cols = {name: table.column(name).to_pylist() for name in table.column_names}
-        n = table.num_rows
-        self.stats.rows_read += n
-        rows = range(n)
-        if self.show_progress or (self.show_progress is None and n >= PROGRESS_MIN_ROWS):
+        return table.to_pylist()
+
+    def _load_file(self, path: str) -> None:
+        rows = self._read_rows(path)
+        self.stats.rows_read += len(rows)
+        order: Any = range(len(rows))
+        if self.show_progress or (self.show_progress is None and len(rows) >= PROGRESS_MIN_ROWS):
             from tqdm import tqdm
 
-            rows = tqdm(rows, desc=f"tokenising {path}", unit="row")
-        empty: list[Any] = [None] * n
-        for r in rows:
-            messages, reward_model = cols[self.prompt_key][r], cols["reward_model"][r]
-            data_source = cols[self.reward_fn_key][r]
-            problem = _row_problem(messages, reward_model, data_source)
-            if problem is not None:
-                self._bad_row(path, r, problem)
-                continue
-            messages = [{"role": m["role"], "content": m["content"]} for m in messages]
-            try:
-                text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                          **self.template_kwargs)
-                ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            except Exception as exc:
-                self._bad_row(path, r, f"chat template / tokenizer failed: {exc!r}")
-                continue
-            ids = self._fit(ids, path, r)
-            if ids is None:
-                continue
-            self.items.append(
-                PromptItem(
-                    index=len(self.items),
-                    prompt_ids=ids,
-                    data_source=data_source,
-                    ground_truth=reward_model["ground_truth"],
-                    extra_info=dict(cols.get("extra_info", empty)[r] or {}),
-                    raw_prompt=text,
-                    messages=messages,
-                    ability=cols.get("ability", empty)[r] or "",
-                    source=f"{path}:{r}",
-                    agent_name=cols.get("agent_name", empty)[r] or "",
-                )
+            order = tqdm(order, desc=f"tokenising {path}", unit="row")
+        for r in order:
+            if rows[r] is not None:
+                self._add_row(path, r, rows[r])
+
+    def _add_row(self, path: str, r: int, row: dict[str, Any]) -> None:
+        messages, reward_model = row.get(self.prompt_key), row.get("reward_model")
+        data_source = row.get(self.reward_fn_key)
+        problem = _row_problem(messages, reward_model, data_source)
+        if problem is not None:
+            self._bad_row(path, r, problem)
+            return
+        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                      **self.template_kwargs)
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        except Exception as exc:
+            self._bad_row(path, r, f"chat template / tokenizer failed: {exc!r}")
+            return
+        ids = self._fit(ids, path, r)
+        if ids is None:
+            return
+        self.items.append(
+            PromptItem(
+                index=len(self.items),
+                prompt_ids=ids,
+                data_source=data_source,
+                ground_truth=reward_model["ground_truth"],
+                extra_info=dict(row.get("extra_info") or {}),
+                raw_prompt=text,
+                messages=messages,
+                ability=row.get("ability") or "",
+                source=f"{path}:{r}",
+                agent_name=row.get("agent_name") or "",
             )
-            self.stats.rows_kept += 1
+        )
+        self.stats.rows_kept += 1
 
     def _fit(self, ids: list[int], path: str, row: int) -> Optional[list[int]]:
         limit = self.max_prompt_length

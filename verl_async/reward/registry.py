@@ -12,14 +12,13 @@ run in the reward sandbox with a time limit.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
 import math
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+from verl_async.utils.pyfile import import_file
 
 
 class UnknownDataSourceError(ValueError):
@@ -168,30 +167,13 @@ class FunctionRef:
         key = (self.module, self.path, self.name)
         fn = _LOADED.get(key)
         if fn is None:
-            mod = importlib.import_module(self.module) if self.module else _import_file(self.path or "")
+            mod = importlib.import_module(self.module) if self.module else import_file(self.path or "")
             fn = getattr(mod, self.name)
             _LOADED[key] = fn
         return fn
 
 
 _LOADED: dict[tuple, Callable] = {}
-
-
-def _import_file(path: str):
-    mod_name = "verl_async_custom_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path!r} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(mod_name, None)
-        raise
-    return module
 
 
 def custom_scorer_ref(path: Optional[str], name: Optional[str]) -> Optional[FunctionRef]:
@@ -209,7 +191,7 @@ def custom_scorer_ref(path: Optional[str], name: Optional[str]) -> Optional[Func
             f"custom_reward_function.name is missing: name the function in {path!r} that computes the score"
         )
     try:
-        module = _import_file(full)
+        module = import_file(full)
     except Exception as exc:
         raise ImportError(f"custom_reward_function.path={path!r}: importing it failed: {exc!r}") from exc
     if not callable(getattr(module, str(name), None)):

@@ -16,12 +16,14 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import ray
 
+from verl_async.config.derived import START_TIMEOUT_KEY
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.faults import FailReplicas, with_faults
 from verl_async.rollout.registry import build_engine_from_config
 from verl_async.sync import engine_weight_sync, rollout_weight_sync
 from verl_async.sync.buckets import tensor_checksum
 from verl_async.utils import device as device_layer
+from verl_async.utils.waiting import WaitTimeout, finished_in_turn
 
 
 @dataclass(frozen=True)
@@ -163,14 +165,19 @@ def replica_actor_options(
     return {"num_cpus": cpu_share}
 
 
+class ReplicaStartTimeout(TimeoutError):
+    """Engine replicas did not load the model within rollout.start_timeout_s; the message names them and the key."""
+
+
 def start_replicas(
     count: int,
     spec: ReplicaSpec,
     *,
+    timeout_s: float,
     engine_overrides: Optional[Sequence[Mapping[str, Any]]] = None,
-    timeout_s: float = 600,
 ) -> list[RemoteEngine]:
-    """Start `count` replica actors and wait until each has loaded its model.
+    """Start `count` replica actors and wait until each has loaded its model (`timeout_s`: rollout.start_timeout_s,
+    config/derived.py replica_start_timeout_s).
 
     `engine_overrides[i]`: engine keyword arguments for replica i only (P-DSR: a fast
     replica's larger max_num_seqs).
@@ -187,7 +194,16 @@ def start_replicas(
         ).remote(spec, i, engine_overrides[i] if engine_overrides is not None else None)
         for i in range(count)
     ]
-    ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
+    try:
+        for _, ref, left in finished_in_turn({f"replica {i}": h.ready.remote() for i, h in enumerate(handles)},
+                                             timeout_s):
+            ray.get(ref, timeout=left)
+    except WaitTimeout as late:
+        for handle in handles:  # none is left loading or holding devices
+            ray.kill(handle)
+        raise ReplicaStartTimeout(f"{', '.join(late.pending)} of {count} engine replica(s) did not load the model "
+                                  f"and start within {timeout_s:g} s (stuck or dead; raise {START_TIMEOUT_KEY} if only "
+                                  "slow)") from None
     return [RemoteEngine(h, i) for i, h in enumerate(handles)]
 
 

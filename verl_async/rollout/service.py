@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from verl_async.data import Draw, PromptDataset, PromptIterator
+from verl_async.data import Draw, PromptIterator, dataset_from_config
 from verl_async.models.loading import run_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
@@ -31,6 +31,7 @@ from verl_async.rollout.scheduling import policy_class
 from verl_async.config.derived import (
     colocated_device_ids,
     max_required_samples,
+    replica_start_timeout_s,
     required_samples,
     rollout_replicas,
     validation_timeout_s,
@@ -152,8 +153,8 @@ class RolloutService:
         self.tokenizer = run_tokenizer(model_cfg, model_path)
         self.agent_loop = ToolAgentLoop.from_config(rollout_cfg, self.tokenizer)  # None: single-turn
         tools = self.agent_loop.schemas if self.agent_loop else None
-        self.dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "train", tools=tools)
-        self.val_dataset = PromptDataset.from_config(cfg.data, self.tokenizer, "val", tools=tools) if cfg.data.val_files else None
+        self.dataset = dataset_from_config(cfg.data, self.tokenizer, "train", tools=tools)
+        self.val_dataset = dataset_from_config(cfg.data, self.tokenizer, "val", tools=tools) if cfg.data.val_files else None
         epochs = int(cfg.rollout.total_epochs)
         self.iterator = PromptIterator(self.dataset, shuffle=bool(cfg.data.shuffle), seed=int(cfg.data.seed), total_epochs=epochs)
         self.source = DatasetPromptSource(self.iterator)
@@ -174,7 +175,8 @@ class RolloutService:
                 shared_devices=colocated_device_ids(cfg),
                 fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
             )
-            engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities])
+            engines = start_replicas(count, spec, timeout_s=replica_start_timeout_s(cfg),
+                                     engine_overrides=[{"max_num_seqs": c} for c in capacities])
         self.engines = list(engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.limit = max_required_samples(cfg)

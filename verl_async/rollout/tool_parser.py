@@ -68,7 +68,7 @@ class HermesToolParser:
         return FunctionCall(data["name"], arguments)
 
 
-PARSERS = {"hermes": HermesToolParser}  # == verl_async.config.schema.TOOL_CALL_FORMATS
+PARSERS = {"hermes": HermesToolParser}  # == verl_async.config.schema_rules.TOOL_CALL_FORMATS
 
 
 def tool_parser(name: str) -> HermesToolParser:

@@ -9,14 +9,12 @@ Chosen by name from :data:`DISPATCHERS`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from verl_async.rollout import pdsr
+from verl_async.sim.config import SimConfig
 from verl_async.sim.replica import Job
-
-if TYPE_CHECKING:
-    from verl_async.sim.config import SimConfig
-    from verl_async.sim.pipeline import GroupState, Simulation
+from verl_async.sim.state import DispatchHost, GroupState
 
 
 class Dispatcher(Protocol):
@@ -24,8 +22,8 @@ class Dispatcher(Protocol):
 
     def pools_for(self, replica: int) -> tuple[str, ...]: ...
     def max_num_seqs_for(self, replica: int) -> int: ...
-    def submit(self, sim: "Simulation", groups: list["GroupState"]) -> None: ...
-    def on_done(self, sim: "Simulation", job: Job) -> None: ...
+    def submit(self, sim: DispatchHost, groups: list[GroupState]) -> None: ...
+    def on_done(self, sim: DispatchHost, job: Job) -> None: ...
     def metrics(self) -> dict: ...
 
 
@@ -34,7 +32,7 @@ class PlainDispatch:
 
     batch_size = 1
 
-    def __init__(self, cfg: "SimConfig") -> None:
+    def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
 
     def pools_for(self, replica: int) -> tuple[str, ...]:
@@ -43,12 +41,12 @@ class PlainDispatch:
     def max_num_seqs_for(self, replica: int) -> int:
         return self.cfg.max_num_seqs
 
-    def submit(self, sim: "Simulation", groups: list["GroupState"]) -> None:
+    def submit(self, sim: DispatchHost, groups: list[GroupState]) -> None:
         for gs in groups:
             for r, length in enumerate(gs.spec.lengths):
                 sim.push("all", sim.make_job(gs, r, "plain", length, self.cfg.max_response_length))
 
-    def on_done(self, sim: "Simulation", job: Job) -> None:
+    def on_done(self, sim: DispatchHost, job: Job) -> None:
         sim.finish_response(job)
 
     def metrics(self) -> dict:
@@ -57,7 +55,7 @@ class PlainDispatch:
 
 @dataclass
 class _Batch:
-    groups: list["GroupState"]
+    groups: list[GroupState]
     probes_left: int
 
 
@@ -72,7 +70,7 @@ class PDSRDispatch:
     to the queue, only when probe + all rests are done: it is never split.
     """
 
-    def __init__(self, cfg: "SimConfig") -> None:
+    def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.p = cfg.pdsr
         self.heavy = set(range(cfg.replicas - self.p.heavy_replicas, cfg.replicas))
@@ -91,14 +89,14 @@ class PDSRDispatch:
             return self.cfg.max_num_seqs
         return self.p.fast_max_num_seqs or self.cfg.max_num_seqs
 
-    def submit(self, sim: "Simulation", groups: list["GroupState"]) -> None:
+    def submit(self, sim: DispatchHost, groups: list[GroupState]) -> None:
         batch = _Batch(list(groups), len(groups))
         for gs in groups:
             self._batch_of[gs.gid] = batch
             sim.push("probe", sim.make_job(gs, gs.spec.probe, "probe", gs.spec.probe_len,
                                            self.cfg.max_response_length))
 
-    def on_done(self, sim: "Simulation", job: Job) -> None:
+    def on_done(self, sim: DispatchHost, job: Job) -> None:
         gs = sim.groups[job.group]
         true_len = gs.spec.lengths[job.response]
         if job.kind == "fast" and true_len > job.cap:
@@ -116,7 +114,7 @@ class PDSRDispatch:
             if batch.probes_left == 0:
                 self._plan(sim, batch)
 
-    def _plan(self, sim: "Simulation", batch: _Batch) -> None:
+    def _plan(self, sim: DispatchHost, batch: _Batch) -> None:
         specs = [gs.spec for gs in batch.groups]
         plan = pdsr.plan_batch([s.probe_len for s in specs], self.p.offload_ratio,
                                self.p.cap_factor, self.cfg.max_response_length, self.p.cap_mode)

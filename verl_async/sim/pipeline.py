@@ -31,28 +31,17 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from verl_async.sim.config import SimConfig
 from verl_async.sim.dispatch import DISPATCHERS
 from verl_async.sim.replica import Job, Replica, take_first_fitting
 from verl_async.sim.result import GroupRecord, ResponseRecord, SimResult, StepRecord, summarize
+from verl_async.sim.state import GroupState
 from verl_async.sim.workload import GroupSpec
 
 
 class SimError(RuntimeError):
     """The simulated pipeline cannot go on (e.g. a request that never fits a replica)."""
-
-
-@dataclass
-class GroupState:
-    gid: int
-    spec: GroupSpec
-    submit_time: float
-    version_start: int
-    responses: list[ResponseRecord | None] = field(default_factory=list)
-    remaining: int = 0
-    finish_time: float | None = None
 
 
 class Simulation:
@@ -160,6 +149,8 @@ class Simulation:
                 getattr(self, f"_on_{kind}")()
         for r in self.replicas:
             r.close(self.t)
+        for gid in list(self.queue):  # completed but not trained groups are part of the run's length log too
+            self._group_record(self.groups[gid])
         return summarize(self)
 
     def _timer(self, delay: float, kind: str) -> None:

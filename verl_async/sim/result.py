@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from verl_async.sim.pipeline import Simulation
+from verl_async.sim.config import SimConfig
+from verl_async.sim.replica import Replica
 
 
 @dataclass
@@ -103,12 +103,25 @@ def percentiles(values, qs=(50, 95, 99)) -> dict[str, float | None]:
     return {f"p{q}": float(np.percentile(arr, q)) for q in qs}
 
 
-def summarize(sim: "Simulation") -> SimResult:
+class RunView(Protocol):
+    """What `summarize` reads of a finished Simulation (pipeline.py), which calls it: a Protocol, so that this
+    module need not import the simulation."""
+
+    cfg: SimConfig
+    t: float
+    max_required: int
+    steps_done: int
+    generated_tokens: int
+    replicas: list[Replica]
+    records: list[GroupRecord]  # every completed group, trained or not
+    steps: list[StepRecord]
+    spans: list[dict]
+    dispatch: Any  # sim/dispatch.py's Dispatcher: metrics(), and `heavy` replicas with P-DSR
+
+
+def summarize(sim: RunView) -> SimResult:
     cfg = sim.cfg
     wall = sim.t
-    # completed but not trained groups are part of the run's length log too
-    for gid in list(sim.queue):
-        sim._group_record(sim.groups[gid])
     groups = sorted(sim.records, key=lambda g: g.gid)
     trained = [g for g in groups if g.trained_step is not None]
     spans = list(sim.spans)

@@ -35,11 +35,13 @@ from verl_async.errors import innermost_cause, root_cause
 from verl_async.protocol import RolloutSample, collate_groups
 from verl_async.reward.error_rate import RewardFunctionError
 from verl_async.staleness import exceeds_max_staleness
-from verl_async.sync import build_sync_from_config
+from verl_async.sync import TIMEOUT_KEY as SYNC_TIMEOUT_KEY
+from verl_async.sync import build_sync_from_config, sync_timeout_s
 from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.tracking import Tracker
 from verl_async.utils.val_generations import VAL_GENERATIONS_KEY
+from verl_async.utils.waiting import get_within
 
 logger = logging.getLogger("verl_async.trainer")
 
@@ -149,6 +151,12 @@ class Trainer:
         if worker_group is not None and rollouter is not None:
             self.sync = build_sync_from_config(cfg, worker_group, rollouter)
 
+    def _call(self, ref: Any, what: str, extra_s: float = 0.0) -> Any:
+        """The answer of one call to the queue or the Rollouter within trainer.worker_timeout_s (+ `extra_s` the call
+        itself waits), or a KeyedTimeout naming that key: a stuck actor fails the run instead of hanging it."""
+        timeout_s = float(self.cfg.trainer.get("worker_timeout_s", 1800))  # the default of trainer/settings.py too
+        return get_within(ref, timeout_s + extra_s, what, "trainer.worker_timeout_s")
+
     # ------------------------------------------------------------------ resume
     def find_checkpoint(self) -> Optional[str]:
         from verl_async.config.resume import checkpoint_to_resume
@@ -175,12 +183,11 @@ class Trainer:
         if str(self.cfg.algorithm.kl_ctrl.type) == "adaptive":  # fixed: the configured value, even if changed
             self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
         queued = extra.get("queue", [])
-        ray.get(self.queue.restore.remote(queued), timeout=120)
+        self._call(self.queue.restore.remote(queued), "the queue's restore")
         redo = 0
         if self.rollouter is not None and extra.get("rollouter") is not None:
-            redo = ray.get(
-                self.rollouter.load_state_dict.remote(extra["rollouter"], [g["uid"] for g in queued]), timeout=120
-            )
+            redo = self._call(self.rollouter.load_state_dict.remote(extra["rollouter"], [g["uid"] for g in queued]),
+                              "the Rollouter's restore")
         elif self.rollouter is not None:  # written by a train-only run (debug.load_rollout_data)
             logger.warning("%s holds no Rollouter state (a train-only checkpoint): the data starts at its beginning",
                            path)
@@ -209,7 +216,8 @@ class Trainer:
         """Sync weights at the current version; validation/checkpoint happen while generation is paused."""
         if self.sync is None:
             if self.rollouter is not None:  # rollout-only: no weights, just reopen the budget
-                ray.get(self.rollouter.resume_after_sync.remote(self.version), timeout=120)
+                get_within(self.rollouter.resume_after_sync.remote(self.version), sync_timeout_s(self.cfg),
+                           "the Rollouter's resume after a sync", SYNC_TIMEOUT_KEY)
             # train-only (debug.load_rollout_data): no engines to sync, but checkpoints are due as in any run
             return self._while_paused() if with_hooks and self.wg is not None else {}
         with self.timeline.span("sync", "sync", self.version):
@@ -269,7 +277,7 @@ class Trainer:
         trainer.finish_timeout_s, or their derived values: config/derived.py)."""
         if self._val_timeout_s is None:
             self._val_timeout_s = 0.0 if self.rollouter is None else float(
-                ray.get(self.rollouter.validation_timeout_s.remote(), timeout=120))
+                self._call(self.rollouter.validation_timeout_s.remote(), "the Rollouter's validation timeout"))
         validation = self._val_timeout_s + VALIDATION_GRACE_S
         return {"validation_s": validation,
                 "finish_s": finish_timeout_s(self.cfg, validation if self.test_freq > 0 else 0.0)}
@@ -278,12 +286,13 @@ class Trainer:
         t0 = time.perf_counter()
         # The Rollouter's pending prompts first, then the queue: a group put between the two calls
         # is then in both (load_state_dict skips pending uids found in the queue), never in neither.
-        rollouter_state = None if self.rollouter is None else ray.get(self.rollouter.state_dict.remote(), timeout=120)
+        rollouter_state = None if self.rollouter is None else self._call(self.rollouter.state_dict.remote(),
+                                                                         "the Rollouter's checkpoint state")
         extra = {
             "version": self.version,
             "step": self.step,
             "kl_coef": self.kl_coef,
-            "queue": ray.get(self.queue.snapshot.remote(), timeout=120),
+            "queue": self._call(self.queue.snapshot.remote(), "the queue's checkpoint snapshot"),
             "rollouter": rollouter_state,
         }
         prompts = (rollouter_state or {}).get("iterator", {}).get("num_items")
@@ -300,7 +309,8 @@ class Trainer:
         try:
             while not self._stop.is_set():
                 try:
-                    return ray.get(self.queue.get_batch.remote(self.required, QUEUE_POLL_S), timeout=QUEUE_POLL_S + 60)
+                    return self._call(self.queue.get_batch.remote(self.required, QUEUE_POLL_S), "the queue's get_batch",
+                                      extra_s=QUEUE_POLL_S)  # the queue answers TimeoutError after QUEUE_POLL_S
                 except ray.exceptions.RayTaskError as exc:
                     if isinstance(exc.cause, TimeoutError) or "TimeoutError" in str(exc):
                         self._check_deadlock(time.monotonic() - t0)
@@ -315,7 +325,7 @@ class Trainer:
         """Raise when neither side can move (a staleness slot that never came back); see STALL_LIMIT_S."""
         if self.rollouter is None or waited_s < STALL_LIMIT_S:
             return
-        stall = ray.get(self.rollouter.budget_stall.remote(), timeout=60)
+        stall = self._call(self.rollouter.budget_stall.remote(), "the Rollouter's budget state")
         if stall["idle_s"] < STALL_LIMIT_S:
             return
         raise DeadlockError(
@@ -361,7 +371,7 @@ class Trainer:
             self.save_checkpoint()
         self._ended_at_cap = True
         if self.rollouter is not None:
-            ray.get(self.rollouter.stop.remote(), timeout=120)
+            self._call(self.rollouter.stop.remote(), "the Rollouter's stop")
 
     def finish(self) -> dict[str, float]:
         """After the last step: put the final weights on the engines, checkpoint, then validate (test_freq > 0)."""
@@ -403,7 +413,7 @@ class Trainer:
             self.dropped_stale += dropped
             logger.warning("dropped %d groups older than algorithm.max_staleness=%s", dropped, self.max_staleness)
             if self.rollouter is not None:  # their staleness slots go back: replacements can be generated
-                ray.get(self.rollouter.release_budget.remote(dropped), timeout=120)
+                self._call(self.rollouter.release_budget.remote(dropped), "the Rollouter's budget release")
         return keep
 
     def _pipeline_metrics(self) -> dict[str, float]:
@@ -415,11 +425,11 @@ class Trainer:
             "perf/trained_tokens_per_s": self.trained_tokens / wall,
         }
         if self.queue is not None:
-            stats = ray.get(self.queue.stats.remote(), timeout=60)
+            stats = self._call(self.queue.stats.remote(), "the queue's stats")
             out["fully_async/queue_size"] = float(stats.size)
             out["fully_async/queue_produced"] = float(stats.produced)
         if self.rollouter is not None:
-            out.update(ray.get(self.rollouter.metrics.remote(), timeout=60))
+            out.update(self._call(self.rollouter.metrics.remote(), "the Rollouter's metrics"))
         return out
 
     # ------------------------------------------------------------------ one step

@@ -9,12 +9,13 @@ torch_npu; it is imported lazily, and only when `trainer.device=npu` is asked fo
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 from dataclasses import dataclass
 from types import ModuleType
 
 import torch
+
+from verl_async.optional import TORCH_NPU, MissingDependencyError, require
 
 DEVICE_KINDS = ("cuda", "npu", "cpu")
 _BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
@@ -31,11 +32,9 @@ class DeviceUnavailableError(RuntimeError):
 @functools.lru_cache(maxsize=None)
 def _import_torch_npu() -> ModuleType:
     try:
-        return importlib.import_module("torch_npu")
-    except ImportError as exc:  # pragma: no cover - no Ascend stack here
-        raise DeviceUnavailableError(
-            "trainer.device=npu needs torch_npu (pip install 'verl_async[npu]' on an Ascend host)"
-        ) from exc
+        return require(TORCH_NPU)
+    except MissingDependencyError as exc:  # no Ascend stack here
+        raise DeviceUnavailableError(str(exc)) from exc
 
 
 def is_available(kind: str) -> bool:

@@ -1,4 +1,5 @@
-"""Waiting on many Ray refs under one deadline, so a dead or stuck actor fails the caller instead of hanging it."""
+"""Waiting on Ray refs under a deadline, so a dead or stuck actor fails the caller instead of hanging it
+(and the error names the config key that sets the deadline)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,18 @@ def finished_in_turn(refs: Mapping[Hashable, Any], timeout_s: float) -> Iterator
         ready, pending = ray.wait(pending, num_returns=1, timeout=left)
         for ref in ready:
             yield key_of[ref], ref, max(1.0, deadline - time.monotonic())
+
+
+class KeyedTimeout(TimeoutError):
+    """One call did not answer within its deadline; the message names the config key that sets it."""
+
+
+def get_within(ref: Any, timeout_s: float, what: str, key: str) -> Any:
+    """`ray.get(ref)` for at most `timeout_s`; past it a KeyedTimeout saying what did not answer and which key to raise."""
+    import ray
+
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise KeyedTimeout(f"{what} did not answer within {timeout_s:g} s (stuck or dead; raise {key} if it is "
+                           "only slow)") from None

@@ -17,22 +17,21 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 from typing import Any, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from verl_async.optional import MINDSPEED, TORCH_NPU, require, try_import
+
 
 def prepare(kind: str) -> None:
     """Import what must precede megatron-core on this device kind (idempotent)."""
     if kind == "npu":
-        importlib.import_module("torch_npu")
-        importlib.import_module("torch_npu.contrib.transfer_to_npu")
-        try:
-            importlib.import_module("mindspeed.megatron_adaptor")
-        except ImportError:
-            pass  # plain megatron-core on torch_npu: the local spec's PyTorch ops
+        require(TORCH_NPU)
+        require(TORCH_NPU, "torch_npu.contrib.transfer_to_npu")
+        # without MindSpeed: plain megatron-core on torch_npu (the local spec's PyTorch ops)
+        try_import(MINDSPEED, "mindspeed.megatron_adaptor")
 
 
 def _cpu(device: Any) -> Any:
