@@ -25,6 +25,12 @@ def cv():
 ACC = "val-core/verl_async/arithmetic/acc/mean@1"
 
 
+def write(folder, **texts):
+    for name, text in texts.items():
+        with open(os.path.join(folder, name.replace("_dot_", ".")), "w") as f:
+            f.write(text)
+
+
 def verl_line(ts, step, **metrics):
     body = " - ".join(f"{k}:{v}" for k, v in metrics.items())
     return f"{ts:.3f} (TaskRunner pid=4242) step:{step} - {body}\n"
@@ -51,14 +57,8 @@ def write_verl_run(folder):
             shown[ACC] = f"np.float64({acc:.2f})"  # ... where the console may show another
         lines.append(verl_line(t, n, **shown))
         files.append({"step": n, "data": data})
-    with open(os.path.join(folder, "console.log"), "w") as f:
-        f.writelines(lines)
-    with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in files)
-    with open(os.path.join(folder, "launch_epoch"), "w") as f:
-        f.write("1000.000\n")
-    with open(os.path.join(folder, "gpu_mem.csv"), "w") as f:
-        f.write("512\n30123\n29000\n")
+    write(folder, console_dot_log="".join(lines), metrics_dot_jsonl="".join(json.dumps(r) + "\n" for r in files),
+          launch_epoch="1000.000\n", gpu_mem_dot_csv="512\n30123\n29000\n")
 
 
 def span(lane, kind, start, end, version=0, **info):
@@ -85,12 +85,8 @@ def write_ours_run(folder):
     spans.append(span("rollout/validation", "validate", 58, 61, 2))
     writer.add_scalar("val/mean@1/acc", 0.5, 2, walltime=zero + 61.5)  # late: logged during version 3
     writer.close()
-    with open(os.path.join(folder, "timeline.jsonl"), "w") as f:
-        f.writelines(json.dumps(s) + "\n" for s in spans)
-    with open(os.path.join(folder, "launch_epoch"), "w") as f:
-        f.write("2000.0\n")
-    with open(os.path.join(folder, "gpu_mem.csv"), "w") as f:
-        f.write("100\n20480\n")
+    write(folder, timeline_dot_jsonl="".join(json.dumps(s) + "\n" for s in spans), launch_epoch="2000.0\n",
+          gpu_mem_dot_csv="100\n20480\n")
 
 
 def test_values_as_verl_prints_them(cv):

@@ -44,16 +44,11 @@ lark==1.2.2 mistral-common==1.13.1 pydantic-extra-types==2.11.1 compressed-tenso
 depyf==0.20.0 astor==0.8.1 watchfiles==1.3.0 python-json-logger==4.2.0 ijson==3.6.0 anthropic==2.14.0
 docstring-parser==0.18.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 model-hosting-container-standards==0.1.16
 jmespath==1.1.0 supervisor==4.3.0 mcp==2.3.0 mcp-types==2.3.0 pyjwt==2.15.1 python-multipart==0.0.34 sse-starlette==3.7.0"
-PLAT="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
---platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_24_x86_64
---platform manylinux_2_31_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
---platform manylinux_2_5_x86_64 --platform manylinux1_x86_64"
+source "$(dirname "$0")/wheel_platform.sh"   # PLAT, git_exclude
 
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-exclude=$(git rev-parse --git-path info/exclude)
-mkdir -p "$(dirname "$exclude")"
-grep -qx /.carry/ "$exclude" 2>/dev/null || echo /.carry/ >> "$exclude"
+git_exclude /.carry/
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
