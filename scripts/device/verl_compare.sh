@@ -94,6 +94,7 @@ verl_run() {  # verl_run NAME SEED BENCH(0|1)
     actor_rollout_ref.model.path="$model" actor_rollout_ref.model.use_remove_padding=True \
     actor_rollout_ref.model.enable_gradient_checkpointing=False \
     actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2 \
+    actor_rollout_ref.actor.fsdp_config.strategy=fsdp2 actor_rollout_ref.ref.fsdp_config.strategy=fsdp2 \
     actor_rollout_ref.actor.optim.lr=1e-5 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 \
     actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001 \
@@ -162,7 +163,7 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', tr
         PYTHONPATH=$VERL_PATH python3 -c "import torch, transformers, ray, tensordict, vllm, verl, datasets
 print('verl', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__,
       'tensordict', tensordict.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'datasets', datasets.__version__)
-import verl.trainer.main_ppo, verl.trainer.ppo.ray_trainer, verl.workers.fsdp_workers  # noqa: E401
+import verl.trainer.main_ppo, verl.trainer.ppo.ray_trainer, verl.workers.engine_workers  # noqa: E401
 import verl.workers.rollout.vllm_rollout.vllm_async_server, verl_forced_length, verl_reward  # noqa: E401
 print('verl import check: ok')"
       } 2>&1 | grep -v "it/s" | tee "$OUT/versions.txt" ;;
