@@ -16,6 +16,7 @@
 #                  prompt/response 256/256, lr 1e-5, KL loss low_var_kl 0.001, temperature 0.7, greedy validation
 #                  on the 300 test prompts before training and every TEST_FREQ (8) steps, STEPS (96) steps; both
 #                  scored by OUR scorer (verl through scripts/device/verl_reward.py)
+#   oursblock:SEED ours:SEED with trainer.val_async=false (the blocking validation: the "before" of issue 27 item 5)
 #   benchsetup     the throughput workload: a random-weight Qwen2.5-0.5B-shaped model (scripts/bench_train.py) and
 #                  BENCH_PROMPTS prompts with long-tail response lengths (scripts/bench_async.py write_workload:
 #                  log-normal, mean BENCH_MEAN 384, cap 1024)
@@ -180,6 +181,7 @@ PY
       ;;
     verl:*) verl_run "verl-${phase#verl:}${RUN_TAG:+-$RUN_TAG}" "${phase#verl:}" 0 ;;
     ours:*) ours_run "ours-${phase#ours:}${RUN_TAG:+-$RUN_TAG}" "${phase#ours:}" 0 ;;
+    oursblock:*) VAL_ASYNC=false ours_run "ours-${phase#oursblock:}-blockval" "${phase#oursblock:}" 0 ;;
     verlbench:*) verl_run "verlbench-${phase#verlbench:}${RUN_TAG:+-$RUN_TAG}" "${phase#verlbench:}" 1 ;;
     oursbench:*) ours_run "oursbench-${phase#oursbench:}${RUN_TAG:+-$RUN_TAG}" "${phase#oursbench:}" 1 ;;
     queue:*)
