@@ -32,6 +32,15 @@ next to it:
   `scripts/device/run_all_gpu.sh` (VLLM_WORKER_MULTIPROC_METHOD=spawn,
   VLLM_USE_FLASHINFER_SAMPLER=0) is set unless already set. vLLM loads a folder: a local
   model folder as is; the random-weight model is written to a temporary folder first.
+- with `--vllm-offline` (CUDA only, needs vLLM): vLLM's own offline entry point, `vllm.LLM.generate`,
+  not through our adapter (issue 27): the same prompt token ids, one `vllm.SamplingParams` per
+  request with `max_tokens = target` and `ignore_eos` (so each response has exactly its target
+  length, checked), temperature 1, top-k/top-p off, the sampled token's log-prob
+  (`logprobs=0`, what a rollout needs; `--vllm-offline-no-logprobs` drops it), no detokenizing;
+  the LLM sized like the engines above (max_num_seqs = the largest batch, `--vllm-mem`, CUDA
+  graphs, prefix caching, chunked prefill), one warm-up, then one `generate` call per batch,
+  timed. Reported as vllm_offline_s, vllm_offline_tok_s and native_vs_vllm_offline. It runs
+  last, after the native engine and the adapter (`--vllm`) have been released.
 
 CPU (tiny model, quick):
     python scripts/bench_engine.py --device cpu --batches 1,16,64,256 --out bench/engine_cpu.json
@@ -40,6 +49,8 @@ GPU (random-weight Qwen2.5-0.5B-shaped model in bf16, no hub access):
 GPU, next to vLLM (the random-weight model as above, or a local model folder with --model):
     python scripts/bench_engine.py --device cuda --vllm --out bench/engine_vllm.json
     python scripts/bench_engine.py --device cuda --model /path/to/model --vllm --vllm-mem 0.5 --out bench/engine_vllm.json
+GPU, next to vLLM through our adapter and vLLM's own LLM.generate:
+    python scripts/bench_engine.py --device cuda --vllm --vllm-offline --out bench/engine_vllm_offline.json
 """
 
 from __future__ import annotations
@@ -108,9 +119,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--vllm", action="store_true", help="also run the rollout's vLLM engine (AsyncLLM) on the same workload (cuda; needs vLLM)")
     p.add_argument("--vllm-mem", type=float, default=0.5, help="vLLM gpu_memory_utilization (default 0.5)")
+    p.add_argument("--vllm-offline", action="store_true",
+                   help="also time vLLM's own vllm.LLM.generate on the same workload (cuda; needs vLLM)")
+    p.add_argument("--vllm-offline-no-logprobs", dest="vllm_offline_logprobs", action="store_false",
+                   help="LLM.generate without the sampled token's log-prob (rollouts need it; default: with)")
     args = p.parse_args(argv)
-    if args.vllm and args.device != "cuda":
-        p.error(f"--vllm runs vLLM on the GPU: it needs --device cuda (got --device {args.device})")
+    for flag, on in (("--vllm", args.vllm), ("--vllm-offline", args.vllm_offline)):
+        if on and args.device != "cuda":
+            p.error(f"{flag} runs vLLM on the GPU: it needs --device cuda (got --device {args.device})")
     if not 0.0 < args.vllm_mem <= 1.0:
         p.error(f"--vllm-mem is a fraction of GPU memory in (0, 1], got {args.vllm_mem}")
     cpu = args.device == "cpu"
@@ -238,7 +254,7 @@ async def bench(args, spec) -> tuple[dict, list, str | None]:
     model = build_model(args, spec).eval().requires_grad_(False)
     vocab = model.get_output_embeddings().weight.shape[0]
     dtype = next(model.parameters()).dtype
-    vllm_dir = vllm_model_dir(args, model) if args.vllm else None
+    vllm_dir = vllm_model_dir(args, model) if args.vllm or args.vllm_offline else None
     bandwidth = copy_bandwidth(spec, nbytes=(1 << 26) if spec.kind == "cpu" else (1 << 30))
     max_model_len = model_len(args)
     rng = torch.Generator().manual_seed(args.seed)
@@ -415,13 +431,88 @@ async def shutdown_vllm(engine: InferenceEngine) -> None:
         torch.cuda.empty_cache()
 
 
-def merge_vllm(rows: list[dict], vllm_rows: list[dict]) -> None:
-    """Add vllm_s, vllm_tok_s and native_vs_vllm (= vllm_s / engine_s: > 1 when native is faster) to each row."""
+def merge_vllm(rows: list[dict], vllm_rows: list[dict], key: str = "vllm") -> None:
+    """Add KEY_s, KEY_tok_s and native_vs_KEY (= KEY_s / engine_s: > 1 when native is faster) to each row."""
     by_batch = {r["batch"]: r for r in vllm_rows}
     for row in rows:
         v = by_batch.get(row["batch"])
         if v is not None:
-            row.update(vllm_s=v["vllm_s"], vllm_tok_s=v["vllm_tok_s"], native_vs_vllm=v["vllm_s"] / row["engine_s"])
+            row.update({f"{key}_s": v[f"{key}_s"], f"{key}_tok_s": v[f"{key}_tok_s"],
+                        f"native_vs_{key}": v[f"{key}_s"] / row["engine_s"]})
+
+
+# ---------------------------------------------------------------- vLLM's own LLM.generate (--vllm-offline)
+
+def offline_sampling_kwargs(lengths: list[int], logprobs: bool = True) -> list[dict]:
+    """vllm.SamplingParams keywords per request: exactly `length` tokens each (ignore_eos + max_tokens), sampled
+    like our rollouts (temperature 1, top-k/top-p off, the sampled token's log-prob), token ids only."""
+    extra = {"logprobs": 0} if logprobs else {}
+    return [dict(max_tokens=int(n), ignore_eos=True, temperature=1.0, top_p=1.0, top_k=0, stop_token_ids=[],
+                 detokenize=False, **extra) for n in lengths]
+
+
+def offline_llm_kwargs(args, model_dir: str, dtype: str) -> dict:
+    """vllm.LLM's keywords, sized like the engines above (the adapter's own sizes, vllm_rollout_config)."""
+    sizes = vllm_rollout_config(args, dtype)
+    return {
+        "model": model_dir, "dtype": sizes["dtype"], "gpu_memory_utilization": sizes["gpu_memory_utilization"],
+        "max_num_seqs": sizes["max_num_seqs"], "max_num_batched_tokens": sizes["max_num_batched_tokens"],
+        "max_model_len": sizes["max_model_len"], "enforce_eager": False, "seed": args.seed,
+        "skip_tokenizer_init": True, "enable_prefix_caching": True, "enable_chunked_prefill": True,
+    }
+
+
+def offline_generate(llm, prompts, lengths, logprobs: bool, who: str = "vLLM LLM.generate") -> tuple[float, int]:
+    """One `llm.generate` call over the batch: (seconds, useful tokens), each response's length checked."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = [SamplingParams(**kw) for kw in offline_sampling_kwargs(lengths, logprobs)]
+    t0 = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    return wall, check_lengths([len(o.outputs[0].token_ids) for o in outs], list(lengths), who)
+
+
+def run_vllm_offline(args, model_dir: str, dtype: str, vocab: int, workloads) -> tuple[dict, list[dict]]:
+    """vllm.LLM built once, warmed, timed on every workload, shut down: (info, [{batch, vllm_offline_s, ...}])."""
+    for key, value in VLLM_ENV.items():
+        os.environ.setdefault(key, value)
+    from vllm import LLM
+
+    kwargs = offline_llm_kwargs(args, model_dir, dtype)
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    build_s = time.perf_counter() - t0
+    rows = []
+    try:
+        rng = torch.Generator().manual_seed(args.seed + 2)  # other prompts than the workloads' and the adapter's
+        warm = torch.randint(0, vocab, (max(args.batch_list), args.prompt_len), generator=rng).tolist()
+        warm_s, _ = offline_generate(llm, warm, [VLLM_WARMUP_TOKENS] * len(warm), args.vllm_offline_logprobs)
+        print(f"vLLM {vllm_version()} LLM: built in {build_s:.1f}s, warm-up {warm_s:.1f}s", flush=True)
+        for batch, prompts, lengths in workloads:
+            wall, tokens = offline_generate(llm, prompts, lengths, args.vllm_offline_logprobs)
+            rows.append({"batch": batch, "vllm_offline_s": wall, "vllm_offline_tok_s": tokens / wall})
+            print(f"vLLM LLM.generate batch {batch}: {tokens} tokens in {wall:.2f}s = {tokens / wall:.1f} tok/s",
+                  flush=True)
+    finally:
+        shutdown_offline(llm)
+    info = {"entry": "vllm.LLM.generate", "version": vllm_version(), "llm_kwargs": kwargs,
+            "logprobs": args.vllm_offline_logprobs, "build_s": build_s, "warmup_s": warm_s}
+    return info, rows
+
+
+def shutdown_offline(llm) -> None:
+    """Stop the LLM's engine core (its process holds the GPU memory), then gc + empty_cache."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    try:
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+    except Exception as exc:  # noqa: BLE001  a failed shutdown must not hide the results (or the error)
+        print(f"vLLM LLM shutdown failed: {type(exc).__name__}: {exc}", flush=True)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def summarize(batch: int, lengths: list[int], wall: float, prof: dict, bandwidth: float) -> dict:
@@ -451,39 +542,48 @@ def describe_device(spec) -> str:
 
 HEADER = (
     f"{'batch':>5} {'tokens':>7} {'len mean/max':>13} {'engine tok/s':>12} {'HF tok/s':>9} {'x HF':>6} "
-    f"{'vLLM tok/s':>10} {'x vLLM':>6} {'roofline tok/s':>14} {'% roof':>6} {'prefill%':>8} {'ms/decode':>9}"
+    f"{'vLLM tok/s':>10} {'x vLLM':>6} {'roofline tok/s':>14} {'% roof':>6} {'prefill%':>8} {'ms/decode':>9} "
+    f"{'LLM.gen tok/s':>13} {'x LLM':>6}"
 )
 
 
 def format_row(r: dict) -> str:
     hf = f"{r['hf_tok_s']:9.1f} {r['speedup_vs_hf']:6.2f}" if "hf_tok_s" in r else f"{'-':>9} {'-':>6}"
     vl = f"{r['vllm_tok_s']:10.1f} {r['native_vs_vllm']:6.2f}" if "vllm_tok_s" in r else f"{'-':>10} {'-':>6}"
+    off = (f"{r['vllm_offline_tok_s']:13.1f} {r['native_vs_vllm_offline']:6.2f}" if "vllm_offline_tok_s" in r
+           else f"{'-':>13} {'-':>6}")
     return (
         f"{r['batch']:5d} {r['tokens']:7d} {r['len_mean']:6.1f}/{r['len_max']:<6d} {r['engine_tok_s']:12.1f} {hf} {vl} "
         f"{r['roofline_tok_s']:14.1f} {100 * r['roofline_frac']:6.1f} {100 * r['prefill_share']:8.1f} "
-        f"{r['decode_ms_per_step']:9.2f}"
+        f"{r['decode_ms_per_step']:9.2f} {off}"
     )
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.vllm:
+    if args.vllm or args.vllm_offline:
         require_vllm()
     spec = device_lib.resolve(args.device)
     print(HEADER, flush=True)
     report, workloads, vllm_dir = asyncio.run(bench(args, spec))
-    report["vllm"] = None
-    if args.vllm:
+    report["vllm"] = report["vllm_offline"] = None
+    if args.vllm or args.vllm_offline:
         try:
             reserved = release_device_memory(spec)  # the native engine's memory, before vLLM sizes its KV cache
             report["native_reserved_after_release_bytes"] = reserved
             print(f"native engine released: {(reserved or 0) / 2**30:.2f} GiB still reserved by torch", flush=True)
-            report["vllm"], vllm_rows = asyncio.run(
-                run_vllm(args, vllm_dir, report["dtype"], report["vocab_size"], workloads))
+            if args.vllm:
+                report["vllm"], vllm_rows = asyncio.run(
+                    run_vllm(args, vllm_dir, report["dtype"], report["vocab_size"], workloads))
+                merge_vllm(report["results"], vllm_rows)
+            if args.vllm_offline:
+                release_device_memory(spec)
+                report["vllm_offline"], offline_rows = run_vllm_offline(
+                    args, vllm_dir, report["dtype"], report["vocab_size"], workloads)
+                merge_vllm(report["results"], offline_rows, key="vllm_offline")
         finally:
             if vllm_dir and vllm_dir.startswith(os.path.join(tempfile.gettempdir(), "verl_async_bench_vllm_")):
                 shutil.rmtree(vllm_dir, ignore_errors=True)
-        merge_vllm(report["results"], vllm_rows)
         print(HEADER)
         for row in report["results"]:
             print(format_row(row))

@@ -55,8 +55,8 @@ class Run:
         return self.scalars.get(tag, [])
 
 
-def load_run(path: str, scratch: str) -> Run:
-    """A run folder, or a .tar.gz of one unpacked into `scratch`."""
+def unpack_run(path: str, scratch: str) -> tuple[str, str]:
+    """(name, folder) of a run folder, or of a .tar.gz of one unpacked into `scratch`."""
     name = os.path.basename(path.rstrip("/"))
     if name.endswith(".tar.gz"):
         name = name[: -len(".tar.gz")]
@@ -65,6 +65,12 @@ def load_run(path: str, scratch: str) -> Run:
         with tarfile.open(path) as tar:
             tar.extractall(folder, filter="data")
         path = folder
+    return name, path
+
+
+def load_run(path: str, scratch: str) -> Run:
+    """A run folder, or a .tar.gz of one unpacked into `scratch`."""
+    name, path = unpack_run(path, scratch)
     scalars = read_scalars(path)
     if not scalars:
         raise SystemExit(f"{path}: no TensorBoard scalars (is tensorboard/ there?)")

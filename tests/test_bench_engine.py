@@ -229,3 +229,91 @@ def test_model_dir_for_vllm(be, tmp_path, monkeypatch):
     assert path.startswith(str(tmp_path)) and os.path.exists(os.path.join(path, "config.json"))
     back = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
     assert torch.equal(back.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+# ------------------------------------------------------------------ vLLM's own LLM.generate (--vllm-offline)
+
+class FakeLLM:
+    """vllm.LLM as far as --vllm-offline uses it: records its keywords and every generate call."""
+
+    instances: list = []
+    short_index: int | None = None  # this request of every timed batch gets one token less
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls, self.shut = kwargs, [], False
+        self.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=self._shutdown))
+        FakeLLM.instances.append(self)
+
+    def _shutdown(self):
+        self.shut = True
+
+    def generate(self, prompts, params, use_tqdm=True):
+        assert not self.shut and use_tqdm is False and len(prompts) == len(params)
+        self.calls.append(([p["prompt_token_ids"] for p in prompts], [sp.kw for sp in params]))
+        return [types.SimpleNamespace(outputs=[types.SimpleNamespace(
+            token_ids=[7] * (sp.kw["max_tokens"] - (i == FakeLLM.short_index and len(self.calls) > 1)))])
+            for i, sp in enumerate(params)]
+
+
+def fake_offline_vllm(monkeypatch, short_index=None):
+    FakeLLM.instances, FakeLLM.short_index = [], short_index
+    mods = install_fake_vllm(monkeypatch, None)
+    mods["vllm"].LLM = FakeLLM
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")})
+
+
+def test_vllm_offline_flags(be, capsys):
+    args = be.parse_args(["--device", "cuda", "--vllm-offline"])
+    assert args.vllm_offline is True and args.vllm is False and args.vllm_offline_logprobs is True
+    assert be.parse_args(["--device", "cuda", "--vllm-offline", "--vllm-offline-no-logprobs"]).vllm_offline_logprobs is False
+    with pytest.raises(SystemExit):
+        be.parse_args(["--device", "cpu", "--vllm-offline"])
+    assert "--vllm-offline runs vLLM on the GPU" in capsys.readouterr().err
+
+
+def test_the_length_plan_forces_each_response_to_its_target(be):
+    kws = be.offline_sampling_kwargs([3, 250, 17])
+    assert [kw["max_tokens"] for kw in kws] == [3, 250, 17]
+    assert all(kw["ignore_eos"] is True and kw["temperature"] == 1.0 and kw["top_p"] == 1.0 and kw["top_k"] == 0
+               and kw["logprobs"] == 0 and kw["detokenize"] is False and kw["stop_token_ids"] == [] for kw in kws)
+    assert "logprobs" not in be.offline_sampling_kwargs([3], logprobs=False)[0]
+
+
+def test_offline_llm_is_sized_like_the_adapter(be):
+    args = be.parse_args(["--device", "cuda", "--vllm-offline", "--vllm-mem", "0.4", "--batches", "1,16,64", "--seed", "7"])
+    kw = be.offline_llm_kwargs(args, "/m", "torch.bfloat16")
+    sizes = be.vllm_rollout_config(args, "torch.bfloat16")
+    assert kw["model"] == "/m" and kw["dtype"] == "bfloat16" and kw["gpu_memory_utilization"] == 0.4
+    assert {k: kw[k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")} == \
+        {k: sizes[k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
+    assert kw["enforce_eager"] is False and kw["seed"] == 7 and kw["skip_tokenizer_init"] is True
+
+
+def test_run_vllm_offline_same_workload_one_llm(be, monkeypatch):
+    fake_offline_vllm(monkeypatch)
+    args = be.parse_args(["--device", "cuda", "--vllm-offline", "--batches", "2,5", "--prompt-len", "6", "--max-len", "40"])
+    wls = workloads(be, args)
+    info, rows = be.run_vllm_offline(args, "/m", "torch.bfloat16", 50, wls)
+    [llm] = FakeLLM.instances
+    assert llm.shut and llm.kwargs["max_num_seqs"] == 5 and len(llm.calls) == 3  # warm-up + one call per batch
+    warm_prompts, warm_kws = llm.calls[0]
+    assert len(warm_prompts) == 5 and all(kw["max_tokens"] == be.VLLM_WARMUP_TOKENS for kw in warm_kws)
+    assert not {tuple(p) for p in warm_prompts} & {tuple(p) for w in wls for p in w[1]}  # no prefix-cache hits
+    for (batch, prompts, lengths), (sent, kws), r in zip(wls, llm.calls[1:], rows):
+        assert sent == prompts and [kw["max_tokens"] for kw in kws] == lengths
+        assert r["batch"] == batch and r["vllm_offline_tok_s"] == pytest.approx(sum(lengths) / r["vllm_offline_s"])
+    assert info["entry"] == "vllm.LLM.generate" and info["logprobs"] is True
+    assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    native = [row(be, batch=2, lengths=wls[0][2], wall=0.1), row(be, batch=5, lengths=wls[1][2], wall=0.2)]
+    be.merge_vllm(native, rows, key="vllm_offline")
+    assert native[1]["native_vs_vllm_offline"] == pytest.approx(rows[1]["vllm_offline_s"] / 0.2)
+    assert len(be.format_row(native[1])) == len(be.HEADER) and be.format_row(native[1]).split()[-2:] == [
+        f"{rows[1]['vllm_offline_tok_s']:.1f}", f"{native[1]['native_vs_vllm_offline']:.2f}"]
+
+
+def test_run_vllm_offline_rejects_short_responses_and_still_shuts_down(be, monkeypatch):
+    fake_offline_vllm(monkeypatch, short_index=1)
+    args = be.parse_args(["--device", "cuda", "--vllm-offline", "--batches", "3", "--prompt-len", "4"])
+    with pytest.raises(RuntimeError, match="vLLM LLM.generate did not produce the target lengths: 1 of 3"):
+        be.run_vllm_offline(args, "/m", "torch.bfloat16", 50, workloads(be, args))
+    assert FakeLLM.instances[0].shut

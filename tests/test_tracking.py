@@ -129,6 +129,18 @@ def test_wandb_mlflow_swanlab_get_metrics_and_generations(calls, tmp_path):
     assert {n for n in by_name if n.endswith(("finish", "end_run"))} == {"wandb.finish", "swanlab.finish", "mlflow.end_run"}
 
 
+def test_wandb_keeps_a_late_validation_at_the_current_step_with_its_version(calls, tmp_path):
+    """wandb drops a log at a step lower than one it has seen; a validation finished beside later steps is one."""
+    tr = Tracker(["wandb"], str(tmp_path / "tb"), project="p", experiment="e", config={})
+    tr.log({"actor/pg_loss": 0.1}, step=5)
+    tr.log({"val/mean@1/acc": 0.4}, step=4)
+    tr.log_generations(SAMPLES, step=4)
+    logs = [(args[0], kwargs) for name, args, kwargs in calls if name == "wandb.log"]
+    assert logs[0] == ({"actor/pg_loss": 0.1}, {"step": 5})
+    assert logs[1] == ({"val/mean@1/acc": 0.4, "val/version": 4.0}, {})
+    assert logs[2][1] == {} and logs[2][0]["val/version"] == 4.0 and VAL_GENERATIONS_KEY in logs[2][0]
+
+
 def test_file_logger_writes_verl_jsonl(tmp_path, monkeypatch):
     monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
     tr = Tracker(["file"], str(tmp_path / "tb"), file_path=str(tmp_path / "run" / "metrics.jsonl"))

@@ -189,7 +189,7 @@ def trainer(monkeypatch, tmp_path, tiny_model_dir):
 
 def test_checkpoint_first_then_a_failing_validation_is_logged_and_training_goes_on(trainer, caplog):
     side = Side(validation=RuntimeError("the scorer exploded"))
-    t = trainer(side, "trainer.save_freq=1", "trainer.test_freq=1")
+    t = trainer(side, "trainer.save_freq=1", "trainer.test_freq=1", "trainer.val_async=false")  # validates paused
     t.version = 1
     out = t._while_paused()
     assert side.calls == ["save 1", "validate"] and "timing_s/save_checkpoint" in out
@@ -225,10 +225,11 @@ def test_test_freq_off_means_no_validation_at_the_end_but_the_checkpoint(trainer
     assert t.timeouts()["finish_s"] == 2 * 1800.0  # no final validation: nothing of its timeout
 
 
-def test_the_end_of_a_run_checkpoints_before_it_validates(trainer):
+@pytest.mark.parametrize("val_async, validations", [(True, 2), (False, 1)])  # async: one may still run at the end
+def test_the_end_of_a_run_checkpoints_before_it_validates(trainer, val_async, validations):
     side = Side()
-    t = trainer(side, "trainer.save_freq=5", "trainer.test_freq=3")
+    t = trainer(side, "trainer.save_freq=5", "trainer.test_freq=3", f"trainer.val_async={str(val_async).lower()}")
     t.version, t.step = 2, 4
     assert t.finish() == {"val/mean@1/acc": 0.5}
     assert side.calls == ["save 2", "validate"]
-    assert t.timeouts()["finish_s"] == 2 * 1800.0 + 5.0 + VALIDATION_GRACE_S
+    assert t.timeouts()["finish_s"] == 2 * 1800.0 + validations * (5.0 + VALIDATION_GRACE_S)

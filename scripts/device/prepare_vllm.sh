@@ -31,16 +31,11 @@ openai==2.54.0 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1 openai-harmony==0.0.8 
 apache-tvm-ffi==0.1.15.post2 fastapi==0.136.3 starlette==1.10.0 partial-json-parser==0.2.1.1.post7"
 STRIP="vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs vllm/_moe_C_stable_libtorch.abi3.so vllm/_qutlass_C.abi3.so
 vllm/_flashmla_C.abi3.so vllm/_flashmla_extension_C.abi3.so vllm/third_party/deep_gemm vllm/third_party/fmha_sm100"
-PLAT="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
---platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_24_x86_64
---platform manylinux_2_31_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
---platform manylinux_2_5_x86_64 --platform manylinux1_x86_64"
+source "$(dirname "$0")/wheel_platform.sh"   # PLAT, git_exclude
 
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-exclude=$(git rev-parse --git-path info/exclude)
-mkdir -p "$(dirname "$exclude")"
-for p in /.carry/ /.whl/; do grep -qx "$p" "$exclude" 2>/dev/null || echo "$p" >> "$exclude"; done
+git_exclude /.carry/ /.whl/
 [ -f .whl/ray312.tar.xz ] || bash /work/shared/device/make_device_wheels.sh
 [ -f .whl/install_on_device.sh ] || cp /work/shared/device/install_on_device.sh .whl/
 

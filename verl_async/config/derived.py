@@ -95,7 +95,8 @@ def auto_sync_transport(cfg: Any) -> str:
 VAL_TIMEOUT_FLOOR_S = 600.0
 VAL_TIMEOUT_S_PER_TOKEN = 0.01
 VAL_TIMEOUT_RULE = "null: max(600 s, 0.01 s x validation prompts x val_kwargs.n x rollout.response_length)"
-FINISH_TIMEOUT_RULE = "null: 2 x trainer.worker_timeout_s for the final sync and checkpoint + the validation timeout"
+FINISH_TIMEOUT_RULE = ("null: 2 x trainer.worker_timeout_s for the final sync and checkpoint + the validation timeout "
+                       "(twice with trainer.val_async: one may still run)")
 
 
 def validation_timeout_s(cfg: Any, val_prompts: int) -> float:

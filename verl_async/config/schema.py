@@ -189,6 +189,7 @@ class TrainerConfig:
     val_before_train: bool
     val_only: bool
     test_freq: int
+    val_async: bool  # validate beside training (rollout/background_validation.py); false: while paused
     critic_warmup: int
     default_hdfs_dir: Optional[str]
     del_local_ckpt_after_load: bool

@@ -509,9 +509,12 @@ class Rollouter:
                 continue
 
     async def _abort_all(self) -> None:
-        """Abort every request on every replica; one out of rotation may be broken or dead: its error is logged."""
+        """Abort this Rollouter's requests on every replica; one out of rotation may be broken or dead: its error is
+        logged. Only its own: a validation running beside it (trainer.val_async) stays on its version and the sync
+        waits for it instead (rollout/background_validation.py)."""
         serving = set(self.health.serving())
-        results = await asyncio.gather(*(e.abort(None) for e in self.engines), return_exceptions=True)
+        results = await asyncio.gather(*(e.abort(list(held)) for e, held in zip(self.engines, self._requests_on)),
+                                       return_exceptions=True)
         for index, result in enumerate(results):
             if isinstance(result, BaseException):
                 if index in serving:

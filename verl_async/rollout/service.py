@@ -3,7 +3,9 @@
 `RolloutService` builds the plain `Rollouter` from the config and adds what the
 pipeline needs around it: the rollout side of weight sync (one call, verl_async/sync/),
 validation (a `Validator`, verl_async/rollout/validation.py, on the same engines and reward
-manager), and the state
+manager: at once while generation is paused, `validate`, or beside the training rollouts,
+`start_validation` / `settle_validation` / `take_validations`,
+verl_async/rollout/background_validation.py), and the state
 that makes a resumed run train every prompt exactly once (dataset cursor + the
 prompts that were taken but not yet queued).
 """
@@ -23,6 +25,7 @@ from verl_async.models.loading import run_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
 from verl_async.rollout.agent_loop import ToolAgentLoop, reward_extra_info
+from verl_async.rollout.background_validation import BackgroundValidation
 from verl_async.rollout.engine import InferenceEngine, SamplingParams
 from verl_async.rollout.group_filter import GroupFilter
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
@@ -217,6 +220,7 @@ class RolloutService:
             timeout_s=validation_timeout_s(cfg, len(self.val_dataset)),
             log_generations=int(cfg.trainer.log_val_generations), agent_loop=self.agent_loop,
         )
+        self.background = BackgroundValidation(self.validate)  # trainer.val_async
         self._run_started = time.monotonic()
 
     # ------------------------------------------------------------------ the loop
@@ -310,8 +314,34 @@ class RolloutService:
         """
         if self.validator is None:
             return {}
-        return await self.validator.run([self.engines[i] for i in self.rollouter.health.serving()] or self.engines,
-                                        version)
+        return await self.validator.run(self._validation_engines(), version)
+
+    def _validation_engines(self) -> list[InferenceEngine]:
+        return [self.engines[i] for i in self.rollouter.health.serving()] or self.engines
+
+    async def start_validation(self, version: int) -> bool:
+        """Validate `version` beside the training rollouts (trainer.val_async); False without data.val_files."""
+        if self.validator is None:
+            return False
+        self.background.start(version)
+        return True
+
+    async def settle_validation(self) -> list[dict[str, Any]]:
+        """Wait for the validation still running (a sync calls this before moving weights); every outcome not taken.
+
+        Each outcome: {version, metrics, error, fatal, seconds} (background_validation.ValidationOutcome).
+        """
+        return [o.to_dict() for o in await self.background.settle()]
+
+    def take_validations(self) -> list[dict[str, Any]]:
+        """The validations finished since the last call (the trainer polls every step), as `settle_validation`."""
+        return [o.to_dict() for o in self.background.take()]
+
+    async def cancel_validation(self) -> None:
+        """Give up on the running validation (the trainer stopped waiting): cancel it, abort its requests."""
+        version = await self.background.cancel()
+        if version is not None and self.validator is not None:
+            await self.validator.abort(self._validation_engines(), version)
 
     def validation_timeout_s(self) -> float:
         """How long one validation may take (0 without data.val_files): the Trainer waits that long."""

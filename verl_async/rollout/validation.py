@@ -1,11 +1,13 @@
 """Validation: mean@k and pass@k of the reward function on `data.val_files`.
 
 `Validator` generates `rollout.val_kwargs.n` samples of every validation prompt on the
-engines it is given (the Rollouter's, between two training phases: the trainer asks for
-it while generation is paused for a weight sync), scores them with the run's reward
-manager and returns `val/*` metrics. `RolloutService.validate` is its one caller.
+engines it is given (the Rollouter's: beside the training rollouts with
+`trainer.val_async=true`, rollout/background_validation.py; while generation is paused for a
+weight sync with `false`), scores them with the run's reward manager and returns `val/*`
+metrics. `RolloutService.validate` is its one caller.
 
-Metrics are over the samples that exist and scored: a failed request, or a response the
+Metrics are over the samples that exist and scored: a failed or aborted request (an aborted
+response is cut short: scoring it would count a truncated answer as wrong), or a response the
 reward function failed on (`Reward.error`; never counted as a wrong answer), leaves its
 prompt with fewer than k samples (`val/missing_samples`), each prompt counts with the
 samples it has (`validation_metrics`). A validation that cannot report anything (every
@@ -87,6 +89,13 @@ def validation_metrics(k: int, prompts: Sequence[ScoredPrompt], lengths: Sequenc
     return out
 
 
+def failure(result: Any) -> Optional[str]:
+    """Why a validation response does not count (None: it does): the engine's error, or an abort."""
+    if result.error is not None:
+        return result.error
+    return "aborted" if result.finish_reason == "abort" else None
+
+
 class Validator:
     """k samples per validation prompt, scored; see the module docstring."""
 
@@ -116,14 +125,15 @@ class Validator:
         try:
             return await asyncio.wait_for(self._run(engines, version), self.timeout_s)
         except asyncio.TimeoutError:
-            await self._abort(engines, version)
+            await self.abort(engines, version)
             raise ValidationError(f"validation at version {version} did not finish within {self.timeout_s:g} s; "
                                   f"raise trainer.val_timeout_s ({VAL_TIMEOUT_RULE})") from None
 
     def _request_id(self, version: int, index: int, sample: int) -> str:
         return f"val-{version}-{index}-{sample}"
 
-    async def _abort(self, engines: Sequence[InferenceEngine], version: int) -> None:
+    async def abort(self, engines: Sequence[InferenceEngine], version: int) -> None:
+        """Abort this version's validation requests on `engines` (timed out, or given up on by the trainer)."""
         ids = [self._request_id(version, item.index, j) for item in self.dataset for j in range(self.k)]
         try:
             await asyncio.wait_for(asyncio.gather(*(e.abort(ids) for e in engines), return_exceptions=True),
@@ -148,7 +158,7 @@ class Validator:
 
         items = list(self.dataset)
         results = await asyncio.gather(*(one(item, j) for item in items for j in range(k)))
-        errors = [r.error for r in results if r.error is not None]
+        errors = [failure(r) for r in results if failure(r) is not None]
         if results and len(errors) == len(results):
             raise ValidationError(f"validation at version {version}: all {len(results)} generation requests failed "
                                   f"(first error: {errors[0]})")
@@ -160,7 +170,7 @@ class Validator:
         reward_errors: list[str] = []
         shown: list[tuple] = []  # (prompt ids, response ids, reward) of each scored response: log_generations
         for i, item in enumerate(items):
-            group = [r for r in results[i * k : (i + 1) * k] if r.error is None]
+            group = [r for r in results[i * k : (i + 1) * k] if failure(r) is None]
             if not group:
                 continue
             per_response = {"extra_infos": [reward_extra_info(item.extra_info, r) for r in group]} \

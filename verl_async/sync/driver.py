@@ -1,4 +1,4 @@
-"""What every transport's driver does alike: pause -> transfer -> (while paused) -> resume.
+"""What every transport's driver does alike: pause -> (before transfer) -> transfer -> (while paused) -> resume.
 
 A driver lives in the Trainer's process and holds two handles: the worker group (its ranks
 run the transport's trainer half) and the rollout side (the RolloutService or a `SyncTarget`
@@ -76,10 +76,15 @@ class SyncDriver(abc.ABC):
     def transfer(self, version: int) -> dict[str, float]:
         """Move every weight to every engine (generation is paused); returns metrics (at least sync/buckets)."""
 
-    def push(self, version: int, while_paused: Optional[Callable[[], dict]] = None) -> dict[str, float]:
-        """One full sync to `version`; `while_paused` runs after the load, before generation resumes."""
+    def push(self, version: int, while_paused: Optional[Callable[[], dict]] = None,
+             before_transfer: Optional[Callable[[], dict]] = None) -> dict[str, float]:
+        """One full sync to `version`. `before_transfer` runs once generation is paused, before any weight moves
+        (the trainer waits there for a validation still running on the old weights); `while_paused` runs after
+        the load, before generation resumes (checkpoint). Both return metrics."""
         t0 = time.perf_counter()
         self.wait({"rollouter": self.rollouter.pause_for_sync.remote()}, "pausing the rollouter")
+        paused = time.perf_counter()
+        settled = before_transfer() if before_transfer is not None else {}
         t1 = time.perf_counter()
         moved = self.transfer(version)
         self.check_coverage(version)
@@ -89,11 +94,12 @@ class SyncDriver(abc.ABC):
         self.wait({"rollouter": self.rollouter.resume_after_sync.remote(version)}, "resuming the rollouter")
         t4 = time.perf_counter()
         out = {
-            "timing_s/sync_pause": t1 - t0,
+            "timing_s/sync_pause": paused - t0,
             "timing_s/param_sync": t2 - t1,
             "timing_s/sync_total": (t2 - t0) + (t4 - t3),
         }
         out.update(moved)
+        out.update(settled or {})
         out.update(extra or {})
         return out
 

