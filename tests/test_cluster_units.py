@@ -4,6 +4,7 @@ nodes must share, placement plans against a cluster's nodes, and attach failures
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from concurrent import futures
@@ -213,3 +214,17 @@ def test_the_placement_line_groups_members_by_node():
     nodes = ["node a (id 1)"] * 3 + ["node b (id 2)"]
     assert where("ranks", nodes) == "ranks 0-2 on node a (id 1), rank 3 on node b (id 2)"
     assert where("replicas", ["node a", "node b", "node a"]) == "replicas 0, 2 on node a, replica 1 on node b"
+
+
+def test_an_actor_on_a_node_without_the_folder_stops_naming_its_node(ray_session, tmp_path):
+    """What each actor runs first (the trainer, every rank, the Rollouter, every replica), in a Ray worker."""
+    dirs = shared_dirs.mark({RUN_DIR_KEY: str(tmp_path / "run")})
+    check = ray_session.remote(num_cpus=0)(shared_dirs.problem_here)
+    assert ray_session.get(check.remote(dirs, "engine replica 0"), timeout=60) is None
+    os.remove(dirs[0].marker)
+    found = ray_session.get(check.remote(dirs, "engine replica 0"), timeout=60)
+    assert re.match(rf"{RUN_DIR_KEY}: node [\d.]+ \(id [0-9a-f]{{8}}\), where engine replica 0 runs, does not see "
+                    rf"{re.escape(str(tmp_path / 'run'))} as the driver does", found), found
+    with pytest.raises(shared_dirs.SharedDirError, match=re.escape(found)):
+        ray_session.get(ray_session.remote(num_cpus=0)(shared_dirs.verify_here).remote(dirs, "engine replica 0"),
+                        timeout=60)
