@@ -1,5 +1,10 @@
 """Errors the entry point reports in one line (no traceback)."""
 
+import re
+
+# The last line of a Python traceback: "package.module.SomeError: message".
+_RAISED = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$", re.M)
+
 
 class PipelineError(RuntimeError):
     """One side of the pipeline failed; the message carries the root cause."""
@@ -13,6 +18,16 @@ def innermost_cause(exc: BaseException) -> BaseException:
 
 
 def root_cause(exc: BaseException) -> str:
-    """`Type: message` of the innermost cause of a Ray task error."""
+    """`Type: message` of the innermost cause of a Ray task error.
+
+    An actor whose `__init__` raised reaches the caller as ActorDiedError holding only the text of
+    the traceback(s) (nested when that `__init__` started actors that failed the same way); its
+    last `Type: message` line is the cause.
+    """
     cause = innermost_cause(exc)
+    if getattr(cause, "actor_init_failed", False):
+        raised = _RAISED.findall(str(cause))
+        if raised:
+            name, message = raised[-1]
+            return f"{name}: {message}"
     return f"{type(cause).__name__}: {cause}"

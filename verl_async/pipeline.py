@@ -10,35 +10,42 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from verl_async.config.ray_address import check_ray_address, ray_address
+from verl_async.config.run_paths import CACHE_KEY, absolute_paths, cache_root, shared_folders
 from verl_async.models.builtin import resolve_model_path
 from verl_async.models.loading import run_tokenizer
 from verl_async.queue import MessageQueue
-from verl_async.config.derived import FINISH_TIMEOUT_RULE, max_required_samples, replica_start_timeout_s, required_samples
+from verl_async.config.derived import (FINISH_TIMEOUT_RULE, colocated_device_ids, max_required_samples,
+                                      replica_start_timeout_s, required_samples)
 from verl_async.config.resume import step_of
 from verl_async.errors import PipelineError, root_cause
-from verl_async.rollout.service import RolloutService
+from verl_async.placement import NodePlan, PlacementError, check_plans, pin, where
+from verl_async.rollout.service import RolloutService, rollout_plan
 from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
 from verl_async.trainer.trainer import Trainer, load_rollout_groups
-from verl_async.trainer.worker_group import FSDPWorkerGroup
+from verl_async.trainer.worker_group import FSDPWorkerGroup, trainer_node_plan
+from verl_async.utils.shared_dirs import SharedDir, mark, unmark, verify_here
 from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
 
 logger = logging.getLogger("verl_async")
+
+LOCAL_NODE_RESOURCE = 1.0  # what a local Ray carries of each named *.node_resource (as `ray start --resources`)
 
 # actor_rollout_ref.actor.strategy -> worker group (verl's FSDP1 "fsdp" runs as FSDP2). Megatron's module
 # imports no megatron-core; its group asks for it when built (verl_async.optional).
 WORKER_GROUPS = {"fsdp": FSDPWorkerGroup, "fsdp2": FSDPWorkerGroup, "megatron": MegatronWorkerGroup}
 
 
-def build_worker_group(cfg: Any) -> Any:
+def build_worker_group(cfg: Any, shared_dirs: Sequence[SharedDir] = ()) -> Any:
     strategy = str(cfg.actor_rollout_ref.actor.strategy)
     if strategy not in WORKER_GROUPS:
         raise ValueError(f"actor_rollout_ref.actor.strategy: unknown {strategy!r}; available: {sorted(WORKER_GROUPS)}")
-    group = WORKER_GROUPS[strategy](cfg)
+    group = WORKER_GROUPS[strategy](cfg, shared_dirs=shared_dirs)
     group.init()
     return group
 
@@ -46,14 +53,20 @@ def build_worker_group(cfg: Any) -> Any:
 class TrainerHost(Trainer):
     """The Trainer actor: builds its worker group (unless rollout-only) in its own process."""
 
-    def __init__(self, cfg: Any, queue: Any, rollouter: Any, *, run_dir: str, run_start: float, pad_token_id: int) -> None:
+    def __init__(self, cfg: Any, queue: Any, rollouter: Any, *, run_dir: str, run_start: float, pad_token_id: int,
+                 shared_dirs: Sequence[SharedDir] = ()) -> None:
+        verify_here(shared_dirs, "the trainer")
         debug = cfg.debug
         load = debug.get("load_rollout_data")
-        wg = None if debug.get("rollout_only") else build_worker_group(cfg)
+        wg = None if debug.get("rollout_only") else build_worker_group(cfg, shared_dirs)
         super().__init__(
             cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=pad_token_id,
             worker_group=wg, group_source=load_rollout_groups(str(load)) if load else None,
         )
+
+    def placement(self) -> str:
+        """Where the worker group's ranks run ("" without one: rollout-only)."""
+        return "" if self.wg is None else where("ranks", self.wg.placement())
 
     def shutdown(self) -> None:
         self.close()
@@ -62,13 +75,17 @@ class TrainerHost(Trainer):
 
 
 def ray_init(cfg: Any) -> bool:
-    """Join the configured cluster, or start a local one bound to localhost with token auth on.
+    """Join the configured cluster, or start a local Ray (token authentication on: Ray's default).
 
+    Joining is checked first (config/ray_address.py: a wrong address, a missing token, an
+    unreachable node fail in seconds, in one line). Workers get what the driver decided: its
+    code (PYTHONPATH) and its cache folder (VERL_ASYNC_CACHE). A local Ray carries the
+    `*.node_resource` the config names, so a config pinned for a cluster also runs on one machine.
     Returns True when this process started Ray (and should shut it down).
     """
     if ray.is_initialized():
         return False
-    address = cfg.ray_init.get("address") or os.environ.get("RAY_ADDRESS")
+    address, key = ray_address(cfg)
     # Workers import verl_async from where this process did (a checkout run without `pip install -e` too).
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
@@ -76,20 +93,31 @@ def ray_init(cfg: Any) -> bool:
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
         "PYTHONPATH": python_path,
+        CACHE_KEY: cache_root(),
     }
     if address:
-        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        check_ray_address(cfg)
+        try:
+            ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        except (ConnectionError, RuntimeError, ValueError) as exc:  # the probe passed, ray.init did not
+            raise PipelineError(f"{key}={address}: ray.init failed: {' '.join(str(exc).split())}") from None
         return True
     num_cpus = cfg.ray_init.get("num_cpus")
+    pinned = {name: LOCAL_NODE_RESOURCE for name in node_resources(cfg)}
     ray.init(
         num_cpus=None if num_cpus is None else int(num_cpus),
+        resources=pinned or None,
         include_dashboard=False,
-        _node_ip_address="127.0.0.1",
         runtime_env={"env_vars": env},
         log_to_driver=True,
         logging_level=logging.WARNING,
     )
     return True
+
+
+def node_resources(cfg: Any) -> list[str]:
+    """The Ray custom resources `trainer.node_resource` / `rollout.node_resource` name."""
+    return sorted({str(r) for r in (cfg.trainer.get("node_resource"), cfg.rollout.get("node_resource")) if r})
 
 
 def _actor_cls(cls: type, **options: Any):
@@ -153,44 +181,74 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     run_start = time.time()
     debug = cfg.debug
     model_path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
-    cfg = OmegaConf.merge(cfg, {"actor_rollout_ref": {"model": {"path": model_path}}})
-    run_dir = os.path.abspath(str(cfg.trainer.default_local_dir))
+    # every path an actor sees, decided here: absolute, one run folder (config/run_paths.py)
+    cfg = absolute_paths(OmegaConf.merge(cfg, {"actor_rollout_ref": {"model": {"path": model_path}}}))
+    model_path = str(cfg.actor_rollout_ref.model.path)
+    run_dir = str(cfg.trainer.default_local_dir)
     os.makedirs(run_dir, exist_ok=True)
     OmegaConf.save(cfg, os.path.join(run_dir, "config.yaml"))
-    started_ray = ray_init(cfg)
+    shared = mark(shared_folders(cfg))  # each actor checks that its node sees them (utils/shared_dirs.py)
     try:
-        return _run(cfg, model_path, run_dir, run_start, debug)
+        started_ray = ray_init(cfg)
+        try:
+            return _run(cfg, model_path, run_dir, run_start, debug, shared)
+        finally:
+            if started_ray:
+                ray.shutdown()
     finally:
-        if started_ray:
-            ray.shutdown()
+        unmark(shared)
 
 
-def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) -> dict[str, Any]:
+def placement_plans(cfg: Any, train_only: bool) -> list[NodePlan]:
+    """The trainer's and the rollout's nodes (verl_async/placement.py) as this run will ask for them."""
+    plans = []
+    if not cfg.debug.get("rollout_only"):
+        plans.append(trainer_node_plan(str(cfg.trainer.device), int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node),
+                                       cfg.trainer.get("node_resource") or None))
+    if not train_only and not colocated_device_ids(cfg):
+        plans.append(rollout_plan(cfg))
+    return plans
+
+
+def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
+         shared: Sequence[SharedDir] = ()) -> dict[str, Any]:
     tokenizer = run_tokenizer(cfg.actor_rollout_ref.model, model_path)
     train_only = bool(debug.get("train_only")) or bool(debug.get("load_rollout_data"))
     timeout = float(cfg.trainer.worker_timeout_s)
     capacity = int(cfg.async_training.get("queue_capacity") or max_required_samples(cfg))
     actors: list[Any] = []
     try:
+        check_plans(placement_plans(cfg, train_only))  # a plan no node can hold: one line now, not a timeout later
+    except PlacementError as exc:
+        raise PipelineError(str(exc)) from None
+    try:
         queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(capacity, int(cfg.actor_rollout_ref.rollout.n))
         actors.append(queue)
         rollouter = None
         if not train_only:
-            rollouter = _actor_cls(RolloutService, num_cpus=0.2, max_concurrency=1000).remote(
-                cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start
+            rollouter = _actor_cls(RolloutService, num_cpus=0.2, max_concurrency=1000,
+                                   **pin(cfg.rollout.get("node_resource"))).remote(
+                cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start, shared_dirs=shared
             )
             actors.append(rollouter)
-        trainer = _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4).remote(
-            cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id)
+        trainer = _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4,
+                             **pin(cfg.trainer.get("node_resource"))).remote(
+            cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id),
+            shared_dirs=shared,
         )
         actors.append(trainer)
+        # each actor's start (its replicas or ranks, their nodes' folders) fails here, named, before the resume
+        # (the engines' own deadline, rollout.start_timeout_s, fires first)
+        prompts = None if rollouter is None else int(
+            _get("starting the Rollouter and its engine replicas", rollouter.total_prompts.remote(),
+                 timeout + replica_start_timeout_s(cfg)))
+        _get("starting the trainer and its worker group", trainer.progress.remote(), timeout)
+        unmark(shared)  # every actor of the run has checked its node: the markers are done
+        placed = _placement(trainer, rollouter, timeout)
+        if placed:
+            print(f"placement: {placed}", flush=True)
         version = _get("the resume", trainer.restore.remote(), timeout)
-        total_steps = None
-        if rollouter is not None:
-            # its start-up (data, reward, engines) first: the engines' own deadline (rollout.start_timeout_s) fires first
-            prompts = int(_get("starting the Rollouter", rollouter.total_prompts.remote(),
-                               timeout + replica_start_timeout_s(cfg)))
-            total_steps = max(1, -(-prompts // required_samples(cfg)))
+        total_steps = None if prompts is None else max(1, -(-prompts // required_samples(cfg)))
         cap = int(cfg.trainer.get("total_training_steps") or 0)
         if cap:  # the trainer stops there (a run with algorithm.filter_groups needs more prompts than steps)
             total_steps = min(total_steps, cap) if total_steps else cap
@@ -221,6 +279,14 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any) 
         return _summarise(run_dir, results, before, after, time.time() - run_start)
     finally:
         _teardown(actors, timeout=60)
+
+
+def _placement(trainer: Any, rollouter: Any, timeout: float) -> str:
+    """"trainer ranks 0-1 on node A (id ..); rollout replicas 0-3 on node B (id ..)" ("" when Ray placed them)."""
+    parts = [("trainer", _get("the placement query", trainer.placement.remote(), timeout))]
+    if rollouter is not None:
+        parts.append(("rollout", _get("the placement query", rollouter.placement.remote(), timeout)))
+    return "; ".join(f"{who} {on}" for who, on in parts if on)
 
 
 def _teardown(actors: list[Any], timeout: float) -> None:

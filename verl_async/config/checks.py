@@ -218,12 +218,13 @@ def parallel_sizes(cfg: DictConfig) -> None:
         else:
             key, what = "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "ulysses sequence parallel size"
         raise ConfigError(key, f"{what} {mp} does not divide the trainer's {world} devices (trainer.nnodes * trainer.n_gpus_per_node)")
-    rollout_devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    per_node = cfg.rollout.n_gpus_per_node
     tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
-    if rollout_devices % tp:
+    if per_node % tp:  # an engine replica's devices are on one node (verl_async/placement.py)
         raise ConfigError(
             "actor_rollout_ref.rollout.tensor_model_parallel_size",
-            f"{tp} does not divide the rollout's {rollout_devices} devices (rollout.nnodes * rollout.n_gpus_per_node)",
+            f"{tp} does not divide the rollout's {per_node} devices per node (rollout.n_gpus_per_node): an engine "
+            "replica's devices must be on one node",
         )
 
 

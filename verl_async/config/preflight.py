@@ -1,7 +1,7 @@
 """Checks against the machine, after validate() and before Ray starts; the dry run runs them all.
 
-validate() looks at the config alone (fast, no torch); preflight() opens things: the
-device, the optional packages the config asks for (vLLM, megatron-core), the model (a local folder, the HF cache or a reachable hub),
+validate() looks at the config alone (fast, no torch); preflight() opens things: the Ray
+cluster to join (it answers and takes this driver's token), the device, the optional packages the config asks for (vLLM, megatron-core), the model (a local folder, the HF cache or a reachable hub),
 the custom reward function, and the data, tokenised with the model's tokenizer and chat
 template exactly as the Rollouter will (verl_async.data.PromptDataset, or the class that
 data.custom_cls names: verl_async.data.custom), so an overlong
@@ -22,6 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
 from verl_async.config.model_source import prompt_tokenizer
+from verl_async.config.ray_address import check_ray_address
 from verl_async.config.resume import plan_resume
 from verl_async.versions import check_transformers
 
@@ -33,6 +34,7 @@ def preflight(cfg: DictConfig) -> Dict[str, Any]:
     point prints it in one line) before anything builds a model.
     """
     check_transformers()
+    check_ray_address(cfg)  # a cluster to join answers, and takes this driver's token (config/ray_address.py)
     check_device(cfg)
     check_model_folder(cfg)
     check_loggers(cfg)

@@ -183,6 +183,7 @@ class TrainerConfig:
     validation_data_dir: Optional[str]
     nnodes: int = rule(ge=1)
     n_gpus_per_node: int = rule(ge=1)
+    node_resource: Optional[str]  # a Ray custom resource the trainer's nodes carry (verl_async/placement.py)
     save_freq: int
     resume_mode: str = rule(choices=RESUME_MODES)
     resume_from_path: Optional[str]
@@ -212,6 +213,7 @@ class TrainerConfig:
 class RolloutResourcesConfig:
     nnodes: int = rule(ge=1)
     n_gpus_per_node: int = rule(ge=1)
+    node_resource: Optional[str]  # a Ray custom resource the rollout's nodes carry
     colocate: bool
     total_rollout_steps: Optional[int] = rule(gt=0)
     total_epochs: int = rule(ge=1)

@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig
 
 from verl_async.config import derived
+from verl_async.config.run_paths import run_dir
 
 
 def _files(value: Any) -> str:
@@ -41,7 +42,7 @@ def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
         f"sync every {at.trigger_parameter_sync_step} step(s) via {at.sync_transport}",
         f"staleness    threshold {at.staleness_threshold} -> at most {derived.max_required_samples(cfg)} groups "
         f"per parameter version; partial_rollout {'on' if at.partial_rollout else 'off'}",
-        f"outputs      {t.default_local_dir}  (loggers: {', '.join(t.logger)})",
+        f"outputs      {run_dir(cfg)}  (loggers: {', '.join(t.logger)})",
     ]
     if facts.get("resume") is not None:
         lines.append(f"checkpoint   {facts['resume'].describe()}")

@@ -17,12 +17,14 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import ray
 
 from verl_async.config.derived import START_TIMEOUT_KEY
+from verl_async.placement import NodePlan, Reservation, resources_of
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.faults import FailReplicas, with_faults
 from verl_async.rollout.registry import build_engine_from_config
 from verl_async.sync import engine_weight_sync, rollout_weight_sync
 from verl_async.sync.buckets import tensor_checksum
 from verl_async.utils import device as device_layer
+from verl_async.utils.shared_dirs import SharedDir, verify_here
 from verl_async.utils.waiting import WaitTimeout, finished_in_turn
 
 
@@ -32,7 +34,8 @@ class ReplicaSpec:
 
     `shared_devices`: accelerator ids the replicas share with the trainer (`rollout.colocate=true`);
     replica i pins ids[i*tp:(i+1)*tp] and asks Ray for none. `fail_replicas`: debug.fail_replicas
-    (rollout/faults.py), the replicas whose every request fails (tests, drills).
+    (rollout/faults.py), the replicas whose every request fails (tests, drills). `shared_dirs`:
+    folders the replica's node must see (utils/shared_dirs.py), checked before the model loads.
     """
 
     rollout_cfg: Mapping[str, Any]
@@ -42,12 +45,14 @@ class ReplicaSpec:
     override_config: Optional[Mapping[str, Any]] = None
     shared_devices: Optional[Sequence[str]] = None
     fail_replicas: FailReplicas = None
+    shared_dirs: Sequence[SharedDir] = ()
 
 class EngineReplica:
     """Plain class behind the replica actor: builds the configured engine on this process's device."""
 
     def __init__(self, spec: ReplicaSpec, index: int = 0,
                  engine_overrides: Optional[Mapping[str, Any]] = None) -> None:
+        verify_here(spec.shared_dirs, f"engine replica {index}")
         device = spec.device
         shared = list(spec.shared_devices or [])
         if shared and device != "cpu":  # before the first accelerator call of this process
@@ -169,18 +174,28 @@ class ReplicaStartTimeout(TimeoutError):
     """Engine replicas did not load the model within rollout.start_timeout_s; the message names them and the key."""
 
 
+def rollout_node_plan(nnodes: int, n_gpus_per_node: int, device: str, tensor_parallel_size: int,
+                      node_resource: Optional[str] = None) -> NodePlan:
+    """rollout.nnodes nodes of rollout.n_gpus_per_node / tensor_model_parallel_size replicas each
+    (a replica's devices are on one node)."""
+    member = resources_of(replica_actor_options(device, tensor_parallel_size))
+    return NodePlan("rollout", nnodes, n_gpus_per_node // tensor_parallel_size, member, node_resource)
+
+
 def start_replicas(
     count: int,
     spec: ReplicaSpec,
     *,
     timeout_s: float,
     engine_overrides: Optional[Sequence[Mapping[str, Any]]] = None,
+    placement: Optional[Reservation] = None,
 ) -> list[RemoteEngine]:
     """Start `count` replica actors and wait until each has loaded its model (`timeout_s`: rollout.start_timeout_s,
     config/derived.py replica_start_timeout_s).
 
     `engine_overrides[i]`: engine keyword arguments for replica i only (P-DSR: a fast
-    replica's larger max_num_seqs).
+    replica's larger max_num_seqs). `placement`: replica i runs in its bundle (rollout_node_plan);
+    without one Ray places the replicas.
     """
     tp = int(spec.rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
     if engine_overrides is not None and len(engine_overrides) != count:
@@ -191,6 +206,7 @@ def start_replicas(
         actor_cls.options(
             max_concurrency=1000, name=f"verl_async_replica{i}_{run_tag}",
             **replica_actor_options(spec.device, tp, colocated=bool(spec.shared_devices)),
+            **({} if placement is None else {"scheduling_strategy": placement.strategy(i)}),
         ).remote(spec, i, engine_overrides[i] if engine_overrides is not None else None)
         for i in range(count)
     ]

@@ -24,6 +24,7 @@ from verl_async.data import Draw, PromptIterator, dataset_from_config
 from verl_async.models.loading import run_tokenizer
 from verl_async.protocol import Response
 from verl_async.reward.manager import build_reward_manager
+from verl_async.placement import NodePlan, Reservation, reserve, where
 from verl_async.rollout.agent_loop import ToolAgentLoop, reward_extra_info
 from verl_async.rollout.background_validation import BackgroundValidation
 from verl_async.rollout.engine import InferenceEngine, SamplingParams
@@ -43,9 +44,20 @@ from verl_async.rollout.validation import Validator
 from verl_async.rollout.watchdog import progress_timeout_s
 from verl_async.staleness import StalenessBudget
 from verl_async.sync import rollout_weight_sync
+from verl_async.utils.shared_dirs import SharedDir, verify_here
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollout")
+
+
+
+def rollout_plan(cfg: Any) -> NodePlan:
+    """The replicas' nodes from rollout.nnodes / n_gpus_per_node / node_resource (verl_async/placement.py)."""
+    from verl_async.rollout.replica import rollout_node_plan
+
+    return rollout_node_plan(int(cfg.rollout.nnodes), int(cfg.rollout.n_gpus_per_node), str(cfg.trainer.device),
+                             int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size),
+                             cfg.rollout.get("node_resource") or None)
 
 
 class DatasetPromptSource:
@@ -146,9 +158,12 @@ class RolloutService:
         run_dir: str,
         run_start: float,
         engines: Optional[Sequence[InferenceEngine]] = None,
+        shared_dirs: Sequence[SharedDir] = (),
     ) -> None:
         from verl_async.rollout.replica import ReplicaSpec, start_replicas
 
+        verify_here(shared_dirs, "the Rollouter")
+        self.reservation: Optional[Reservation] = None
         self.cfg = cfg
         self.queue = queue_handle
         rollout_cfg = cfg.actor_rollout_ref.rollout
@@ -177,9 +192,17 @@ class RolloutService:
                 override_config=dict(model_cfg.override_config or {}),
                 shared_devices=colocated_device_ids(cfg),
                 fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
+                shared_dirs=tuple(shared_dirs),
             )
-            engines = start_replicas(count, spec, timeout_s=replica_start_timeout_s(cfg),
-                                     engine_overrides=[{"max_num_seqs": c} for c in capacities])
+            if not spec.shared_devices:  # colocated replicas go where the trainer's devices are
+                self.reservation = reserve(rollout_plan(cfg), replica_start_timeout_s(cfg))
+            try:
+                engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities],
+                                         timeout_s=replica_start_timeout_s(cfg), placement=self.reservation)
+            except BaseException:  # no shutdown() follows a failed start: give the devices back here
+                if self.reservation is not None:
+                    self.reservation.release()
+                raise
         self.engines = list(engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.limit = max_required_samples(cfg)
@@ -253,7 +276,14 @@ class RolloutService:
                 pass
             if handle is not None:
                 ray.kill(handle)
+        if self.reservation is not None:
+            self.reservation.release()
+            self.reservation = None
         self.reward.close()
+
+    def placement(self) -> str:
+        """Where the engine replicas run ("" when Ray placed them: colocated, or engines given)."""
+        return "" if self.reservation is None else where("replicas", self.reservation.member_nodes())
 
     def total_prompts(self) -> int:
         """Prompts this run will generate (rollout.total_rollout_steps, else epochs x dataset)."""

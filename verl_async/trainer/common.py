@@ -14,7 +14,7 @@ import random
 import socket
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -25,18 +25,22 @@ from verl_async.trainer.hf_export import HF_SUBDIR, save_config_and_tokenizer, w
 from verl_async.trainer.rank_results import no_reference_model
 from verl_async.trainer.token_budget import free_device_bytes, model_shape
 from verl_async.utils import device as device_layer
+from verl_async.utils.shared_dirs import SharedDir, problem_here
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def free_port() -> int:
+    """A port free on every interface: the rendezvous store listens on all of them, so a port free on
+    the loopback alone may still be taken on the node's address."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return int(s.getsockname()[1])
 
 
 def master_address(nnodes: int) -> tuple[str, int]:
-    """Where rank 0 listens: loopback on one node, this node's address across nodes."""
+    """Where rank 0 listens: loopback on one node (its ranks share one placement bundle, so one node),
+    this node's address across nodes (verl_async/placement.py puts rank 0 on the first node's bundle)."""
     if nnodes == 1:
         return "127.0.0.1", free_port()
     import ray
@@ -107,6 +111,10 @@ class RankBase:
 
     def master_address(self) -> tuple[str, int]:
         return master_address(self.settings.nnodes)
+
+    def node_problem(self, dirs: Sequence[SharedDir]) -> Optional[str]:
+        """Whether this rank's node sees the folders the run shares (utils/shared_dirs.py); None: it does."""
+        return problem_here(dirs, f"trainer rank {self.rank}")
 
     def _init_distributed(self, master_addr: str, master_port: int) -> None:
         """This rank's device and the default process group (nccl / hccl / gloo)."""

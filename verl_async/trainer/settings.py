@@ -127,6 +127,7 @@ class TrainerSettings:
     device: str
     nnodes: int
     n_gpus_per_node: int
+    node_resource: Optional[str]  # a Ray custom resource marking the trainer's nodes (verl_async/placement.py)
     seed: int
     cpu_threads_per_worker: int  # torch threads of each rank on CPU (several ranks share the cores)
     # model
@@ -245,6 +246,7 @@ class TrainerSettings:
             device=device,
             nnodes=_positive("trainer.nnodes", g("trainer.nnodes", 1)),
             n_gpus_per_node=_positive("trainer.n_gpus_per_node", g("trainer.n_gpus_per_node", 1)),
+            node_resource=g("trainer.node_resource", None) or None,
             seed=int(g("trainer.seed", 1)),
             cpu_threads_per_worker=_positive("trainer.cpu_threads_per_worker", g("trainer.cpu_threads_per_worker", 1)),
             model_path=str(g(f"{m}.path")),

@@ -56,7 +56,7 @@ a new one (e.g. from the last checkpoint).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -78,15 +78,25 @@ from verl_async.checkpoint import (
     staging_dir,
     write_run_info,
 )
+from verl_async.placement import NodePlan, PlacementError, Reservation, reserve
 from verl_async.trainer.fsdp_worker import FSDPWorker
 from verl_async.trainer.prepare import correction_inputs
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.trainer.token_budget import device_budget, unset_budgets
 from verl_async.utils import device as device_layer
+from verl_async.utils.shared_dirs import SharedDir, SharedDirError
 from verl_async.utils.waiting import WaitTimeout, finished_in_turn
 
 # Host CPUs reserved per rank: tiny on CPU (tests and demo share a small machine).
 _CPU_PER_RANK = {"cpu": 0.2, "cuda": 1.0, "npu": 1.0}
+
+
+def trainer_node_plan(device: str, nnodes: int, n_gpus_per_node: int, node_resource: Optional[str] = None) -> NodePlan:
+    """trainer.nnodes nodes of trainer.n_gpus_per_node ranks, each rank with its host CPUs and one device."""
+    member = {"CPU": _CPU_PER_RANK[device]}
+    if device != "cpu":
+        member[device_layer.ray_resource_name(device)] = 1.0
+    return NodePlan("trainer", nnodes, n_gpus_per_node, member, node_resource)
 
 
 class WorkerGroupError(RuntimeError):
@@ -112,8 +122,9 @@ class RayWorkerGroup:
     worker_cls: Any = None
     default_name = "actor"
 
-    def __init__(self, config: Any, *, name: Optional[str] = None):
+    def __init__(self, config: Any, *, name: Optional[str] = None, shared_dirs: Sequence[SharedDir] = ()):
         self.config = _plain_config(config, type(self).__name__)
+        self.shared_dirs = tuple(shared_dirs)  # checked on every node that gets ranks (utils/shared_dirs.py)
         self.settings = TrainerSettings.from_config(self.config)
         self.name = name or self.default_name
         self.world_size = self.settings.world_size
@@ -121,55 +132,46 @@ class RayWorkerGroup:
         self.dp_ranks = list(range(self.world_size))
         self.workers: list[Any] = []
         self.global_step = 0
-        self._pg = None
+        self._placement: Optional[Reservation] = None
         self._broken: Optional[str] = None
         self.info: list[dict] = []
 
     # ------------------------------------------------------------------ lifecycle
     def init(self) -> list[dict]:
         import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         s = self.settings
         kind = s.device
         cpus = _CPU_PER_RANK[kind]
-        bundle: dict[str, float] = {"CPU": cpus}
-        if kind != "cpu":
-            bundle[device_layer.ray_resource_name(kind)] = 1
-        total = ray.cluster_resources()
-        for resource, amount in bundle.items():
-            if total.get(resource, 0) < amount * self.world_size:
-                raise WorkerGroupError(
-                    f"{self.name}: trainer.device={kind} with trainer.nnodes={s.nnodes} x trainer.n_gpus_per_node="
-                    f"{s.n_gpus_per_node} needs {amount * self.world_size:g} {resource} but the Ray cluster has "
-                    f"{total.get(resource, 0):g}"
-                )
-        self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
+        # one bundle per node (verl_async/placement.py): rank r runs on node r // n_gpus_per_node
         try:
-            ray.get(self._pg.ready(), timeout=s.worker_timeout_s)
-        except ray.exceptions.GetTimeoutError as exc:
-            raise WorkerGroupError(
-                f"{self.name}: cannot reserve {self.world_size} bundles of {bundle} (trainer.nnodes={s.nnodes} x "
-                f"trainer.n_gpus_per_node={s.n_gpus_per_node}) within {s.worker_timeout_s}s; cluster resources: "
-                f"{ray.available_resources()}"
-            ) from exc
+            plan = trainer_node_plan(kind, s.nnodes, s.n_gpus_per_node, s.node_resource)
+            self._placement = reserve(plan, s.worker_timeout_s)
+        except PlacementError as exc:
+            raise WorkerGroupError(f"{self.name}: {exc}") from None
         actor_cls = ray.remote(self.worker_cls)
         for rank in range(self.world_size):
             options: dict[str, Any] = dict(
                 num_cpus=cpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
+                scheduling_strategy=self._placement.strategy(rank),
             )
             if kind == "cuda":
                 options["num_gpus"] = 1
             elif kind == "npu":
                 options["resources"] = {"NPU": 1}
             self.workers.append(actor_cls.options(**options).remote(self.config, rank, self.world_size))
+        missing = [p for p in self._call("node_problem", self.shared_dirs) if p]  # before any rank reads or writes
+        if missing:
+            raise SharedDirError(missing[0])
         addr, port = self._call_one(0, "master_address")
         self.info = self._call("init", addr, port)
         self._set_dp_ranks(self.info)
         self._size_token_budgets()
         return self.info
+
+    def placement(self) -> list[str]:
+        """The node of each rank (empty before init)."""
+        return [] if self._placement is None else self._placement.member_nodes()
 
     def _size_token_budgets(self) -> None:
         """Budgets the config left to the device (null): sized from the ranks' free memory (token_budget.py)."""
@@ -193,7 +195,6 @@ class RayWorkerGroup:
 
     def shutdown(self) -> None:
         import ray
-        from ray.util.placement_group import remove_placement_group
 
         for w in self.workers:
             try:
@@ -201,9 +202,9 @@ class RayWorkerGroup:
             except Exception:  # noqa: BLE001 - already dead is fine
                 pass
         self.workers = []
-        if self._pg is not None:
-            remove_placement_group(self._pg)
-            self._pg = None
+        if self._placement is not None:
+            self._placement.release()
+            self._placement = None
 
     # ------------------------------------------------------------------ calls
     def wait(self, refs: list, what: str, timeout: Optional[float] = None) -> list:

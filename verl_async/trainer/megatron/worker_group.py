@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from verl_async.optional import MEGATRON, require
 from verl_async.checkpoint import COMPLETE_MARKER
 from verl_async.trainer.megatron.settings import MegatronSettings
 from verl_async.trainer.megatron.worker import MegatronWorker
 from verl_async.trainer.worker_group import RayWorkerGroup
+from verl_async.utils.shared_dirs import SharedDir
 
 
 class MegatronWorkerGroup(RayWorkerGroup):
     worker_cls = MegatronWorker
     default_name = "megatron_actor"
 
-    def __init__(self, config: Any, *, name: Optional[str] = None):
-        super().__init__(config, name=name)
+    def __init__(self, config: Any, *, name: Optional[str] = None, shared_dirs: Sequence[SharedDir] = ()):
+        super().__init__(config, name=name, shared_dirs=shared_dirs)
         from verl_async.trainer.megatron import device_shim
 
         device_shim.prepare(self.settings.device)  # on Ascend: torch_npu, MindSpeed before megatron-core
