@@ -109,6 +109,7 @@ def test_group_finishing_during_a_checkpoint_is_kept(monkeypatch, tmp_path):
     trainer.cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)},
                                     "actor_rollout_ref": {"rollout": {"n": 2}}})
     trainer.version, trainer.step, trainer.kl_coef = 1, 1, 0.001
+    trainer.call_timeout_s = 60.0  # trainer.worker_timeout_s
     trainer.wg = CapturingGroup()
     trainer.queue = Handle(q, loop, between)
     trainer.rollouter = Handle(ServiceState(ro), loop, between)
@@ -265,6 +266,7 @@ def test_resume_after_a_kill_between_the_renames_keeps_the_trained_record(monkey
     trainer._trained_log = str(log)
     trainer.version = trainer.step = 0
     trainer.kl_coef = 0.001
+    trainer.call_timeout_s = 60.0  # trainer.worker_timeout_s
     assert trainer.restore() == 4 and trainer.step == 4
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [0, 1, 2, 3]
     assert sorted(os.listdir(root)) == ["global_step_4", ckpt.LATEST_FILE, "trained_uids.jsonl"]

@@ -29,6 +29,7 @@ def waiting_trainer(queue, rollouter) -> Trainer:
     t.group_source, t.queue, t.rollouter, t.required = None, queue, rollouter, 2
     t._stop, t.wait_s, t.version, t.dropped_stale = threading.Event(), 0.0, 3, 0
     t.timeline = Timeline(None, time.time())
+    t.call_timeout_s = 60.0  # trainer.worker_timeout_s
     return t
 
 

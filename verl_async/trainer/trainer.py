@@ -114,6 +114,7 @@ class Trainer:
         group_source: Optional[Callable[[int], Optional[list[RolloutSample]]]] = None,
     ) -> None:
         self.cfg = cfg
+        self.call_timeout_s = float(cfg.trainer.get("worker_timeout_s", 1800))  # the default of trainer/settings.py too
         self.queue = queue
         self.rollouter = rollouter
         self.run_dir = run_dir
@@ -160,8 +161,7 @@ class Trainer:
     def _call(self, ref: Any, what: str, extra_s: float = 0.0) -> Any:
         """The answer of one call to the queue or the Rollouter within trainer.worker_timeout_s (+ `extra_s` the call
         itself waits), or a KeyedTimeout naming that key: a stuck actor fails the run instead of hanging it."""
-        timeout_s = float(self.cfg.trainer.get("worker_timeout_s", 1800))  # the default of trainer/settings.py too
-        return get_within(ref, timeout_s + extra_s, what, "trainer.worker_timeout_s")
+        return get_within(ref, self.call_timeout_s + extra_s, what, "trainer.worker_timeout_s")
 
     # ------------------------------------------------------------------ resume
     def find_checkpoint(self) -> Optional[str]:
