@@ -9,8 +9,8 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 from torch.distributed.fsdp import MixedPrecisionPolicy
-from trainer_helpers import compose_config
 
+from verl_async.config import compose
 from verl_async.models.loading import load_causal_lm
 from verl_async.protocol import Response, RolloutSample, collate_groups
 from verl_async.rollout.engine import GenerateRequest, GenerateResult, SamplingParams
@@ -32,21 +32,23 @@ class Bf16CpuWorker(FSDPWorker):
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def requests(prompts: Sequence[Sequence[int]] = PROMPTS, *, max_tokens: int = 18, prefixes=None) -> list[GenerateRequest]:
+def requests(prompts: Sequence[Sequence[int]] = PROMPTS, *, max_tokens: int = 18, prefixes=None,
+             temperature: float = TEMPERATURE) -> list[GenerateRequest]:
     out = []
     for i, p in enumerate(prompts):
         prefix = prefixes[i] if prefixes else None
         out.append(GenerateRequest(
-            f"r{i}", list(p), SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens + i, ignore_eos=True, seed=i),
+            f"r{i}", list(p), SamplingParams(temperature=temperature, max_tokens=max_tokens + i, ignore_eos=True, seed=i),
             prefix_token_ids=list(prefix.token_ids) if prefix else [],
             prefix_log_probs=list(prefix.log_probs) if prefix else [],
             prefix_versions=list(prefix.versions) if prefix else []))
     return out
 
 
-def engine_for(model_dir: str, *, dtype: torch.dtype, true_on_policy: bool, max_num_seqs: int = 3) -> NativeEngine:
+def engine_for(model_dir: str, *, dtype: torch.dtype, true_on_policy: bool, max_num_seqs: int = 3,
+               max_model_len: int = PROMPT_LEN + RESPONSE_LEN) -> NativeEngine:
     model = load_causal_lm(model_dir, dtype=dtype, attn_implementation="sdpa")
-    return NativeEngine(model=model, max_num_seqs=max_num_seqs, max_model_len=PROMPT_LEN + RESPONSE_LEN,
+    return NativeEngine(model=model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                         true_on_policy=true_on_policy)
 
 
@@ -61,21 +63,25 @@ def run_requests(engine: NativeEngine, reqs: list[GenerateRequest]) -> list[Gene
 
 
 def generate(model_dir: str, *, dtype: torch.dtype, true_on_policy: bool, max_num_seqs: int = 3,
-             reqs: Optional[list[GenerateRequest]] = None) -> list[GenerateResult]:
-    engine = engine_for(model_dir, dtype=dtype, true_on_policy=true_on_policy, max_num_seqs=max_num_seqs)
+             reqs: Optional[list[GenerateRequest]] = None, max_model_len: int = PROMPT_LEN + RESPONSE_LEN
+             ) -> list[GenerateResult]:
+    engine = engine_for(model_dir, dtype=dtype, true_on_policy=true_on_policy, max_num_seqs=max_num_seqs,
+                        max_model_len=max_model_len)
     try:
         return run_requests(engine, reqs or requests())
     finally:
         engine.close()
 
 
-def rank(model_dir: str, *overrides: str, true_on_policy: bool, bf16: bool = False) -> FSDPWorker:
+def rank(model_dir: str, *overrides: str, true_on_policy: bool, bf16: bool = False, prompt_len: int = PROMPT_LEN,
+         response_len: int = RESPONSE_LEN) -> FSDPWorker:
     """An FSDP2 rank in this process (world size 1), initialised."""
-    cfg = compose_config(model_dir, "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=5",
-                         f"actor_rollout_ref.rollout.temperature={TEMPERATURE}",
-                         f"data.max_prompt_length={PROMPT_LEN}", f"data.max_response_length={RESPONSE_LEN}",
-                         f"actor_rollout_ref.rollout.true_on_policy={true_on_policy}",
-                         f"trainer.cpu_threads_per_worker={torch.get_num_threads()}", *overrides)
+    cfg = compose(overrides=[f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.n=1",
+                             "actor_rollout_ref.actor.ppo_mini_batch_size=5",
+                             f"actor_rollout_ref.rollout.temperature={TEMPERATURE}",
+                             f"data.max_prompt_length={prompt_len}", f"data.max_response_length={response_len}",
+                             f"actor_rollout_ref.rollout.true_on_policy={true_on_policy}",
+                             f"trainer.cpu_threads_per_worker={torch.get_num_threads()}", *overrides])
     worker = (Bf16CpuWorker if bf16 else FSDPWorker)(OmegaConf.to_container(cfg, resolve=True), 0, 1)
     worker.init("127.0.0.1", free_port())
     return worker
