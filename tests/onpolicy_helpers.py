@@ -46,9 +46,9 @@ def requests(prompts: Sequence[Sequence[int]] = PROMPTS, *, max_tokens: int = 18
 
 
 def engine_for(model_dir: str, *, dtype: torch.dtype, true_on_policy: bool, max_num_seqs: int = 3,
-               max_model_len: int = PROMPT_LEN + RESPONSE_LEN) -> NativeEngine:
-    model = load_causal_lm(model_dir, dtype=dtype, attn_implementation="sdpa")
-    return NativeEngine(model=model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+               max_model_len: int = PROMPT_LEN + RESPONSE_LEN, device: str = "cpu") -> NativeEngine:
+    model = load_causal_lm(model_dir, dtype=dtype, attn_implementation="sdpa", device=torch.device(device))
+    return NativeEngine(model=model, device=device, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                         true_on_policy=true_on_policy)
 
 
@@ -63,10 +63,10 @@ def run_requests(engine: NativeEngine, reqs: list[GenerateRequest]) -> list[Gene
 
 
 def generate(model_dir: str, *, dtype: torch.dtype, true_on_policy: bool, max_num_seqs: int = 3,
-             reqs: Optional[list[GenerateRequest]] = None, max_model_len: int = PROMPT_LEN + RESPONSE_LEN
-             ) -> list[GenerateResult]:
+             reqs: Optional[list[GenerateRequest]] = None, max_model_len: int = PROMPT_LEN + RESPONSE_LEN,
+             device: str = "cpu") -> list[GenerateResult]:
     engine = engine_for(model_dir, dtype=dtype, true_on_policy=true_on_policy, max_num_seqs=max_num_seqs,
-                        max_model_len=max_model_len)
+                        max_model_len=max_model_len, device=device)
     try:
         return run_requests(engine, reqs or requests())
     finally:
@@ -74,15 +74,18 @@ def generate(model_dir: str, *, dtype: torch.dtype, true_on_policy: bool, max_nu
 
 
 def rank(model_dir: str, *overrides: str, true_on_policy: bool, bf16: bool = False, prompt_len: int = PROMPT_LEN,
-         response_len: int = RESPONSE_LEN) -> FSDPWorker:
-    """An FSDP2 rank in this process (world size 1), initialised."""
+         response_len: int = RESPONSE_LEN, device: str = "cpu") -> FSDPWorker:
+    """An FSDP2 rank in this process (world size 1), initialised; `bf16` on CPU: bf16 mixed precision there too
+    (on CUDA the rank runs bf16 anyway)."""
     cfg = compose(overrides=[f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.n=1",
                              "actor_rollout_ref.actor.ppo_mini_batch_size=5",
                              f"actor_rollout_ref.rollout.temperature={TEMPERATURE}",
                              f"data.max_prompt_length={prompt_len}", f"data.max_response_length={response_len}",
                              f"actor_rollout_ref.rollout.true_on_policy={true_on_policy}",
-                             f"trainer.cpu_threads_per_worker={torch.get_num_threads()}", *overrides])
-    worker = (Bf16CpuWorker if bf16 else FSDPWorker)(OmegaConf.to_container(cfg, resolve=True), 0, 1)
+                             f"trainer.cpu_threads_per_worker={torch.get_num_threads()}", f"trainer.device={device}",
+                             *overrides])
+    cls = Bf16CpuWorker if bf16 and device == "cpu" else FSDPWorker
+    worker = cls(OmegaConf.to_container(cfg, resolve=True), 0, 1)
     worker.init("127.0.0.1", free_port())
     return worker
 

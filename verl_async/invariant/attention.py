@@ -105,7 +105,10 @@ def canonical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos
     if pad:
         q = F.pad(q, (0, 0, 0, pad))
         q_pos = F.pad(q_pos, (0, pad))  # padding queries sit at position 0: one visible key, finite garbage
-    out = CanonicalAttention.apply(q, k, v, q_pos, float(scale), window, tile)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out = CanonicalAttention.apply(q, k, v, q_pos, float(scale), window, tile)
+    else:  # the engine: the same forward without autograd's bookkeeping
+        out = _attend(q, k, v, q_pos, float(scale), window, tile)
     return out[:, :, :, :M] if pad else out
 
 

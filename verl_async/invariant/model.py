@@ -53,7 +53,7 @@ def invariant_problem(model: torch.nn.Module) -> Optional[str]:
 
 
 def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias, shapes_for(x.device).linear_rows)
+    return linear(x, self.weight, self.bias, shapes_for(x.device, x.dtype).linear_rows)
 
 
 def _norm_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

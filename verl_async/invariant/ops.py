@@ -41,10 +41,12 @@ def map_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: 
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def _fixed_rows_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int,
+def _fixed_rows_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: Optional[int],
                        out: torch.Tensor) -> torch.Tensor:
-    """Fill `out` [n, out_features] with x2d @ weight.T (+ bias), `rows` rows per GEMM."""
+    """Fill `out` [n, out_features] with x2d @ weight.T (+ bias), `rows` rows per GEMM (None: one GEMM)."""
     n = x2d.shape[0]
+    if rows is None:
+        rows = max(n, 1)
     wt = weight.t()
     full = n - n % rows
     for s in range(0, full, rows):
@@ -85,9 +87,13 @@ class _InvariantLinear(torch.autograd.Function):
         return gx, gw, gb, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` computed `rows` rows per GEMM (x's leading dims flattened)."""
-    return _InvariantLinear.apply(x, weight, bias, rows)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: Optional[int]) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` computed `rows` rows per GEMM (x's leading dims flattened; None: one GEMM)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return _InvariantLinear.apply(x, weight, bias, rows)
+    out = x.new_empty((*x.shape[:-1], weight.shape[0]))  # no graph to record: the same forward, without autograd's
+    _fixed_rows_linear(x.reshape(-1, x.shape[-1]), weight, bias, rows, out.view(-1, weight.shape[0]))
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, reduce_rows: Optional[int]) -> torch.Tensor:

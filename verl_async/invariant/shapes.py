@@ -17,6 +17,13 @@ with different counts) unless its strict conditional-numerical-reproducibility m
 process (PROCESS_ENV; the pipeline passes it to its Ray workers). On CUDA, cuBLAS(Lt) may
 split K across thread blocks (split-K, stream-K) using its workspace; a workspace of 1 KiB
 leaves only kernels that reduce each output in one block.
+
+One exception to "fixed shapes everywhere", for cost: in strict mode MKL's fp32 GEMM gave every
+row the same bits for any row count (1 to 8192 rows, 10 shapes from 64x128 to 896x151936, 1-3
+threads, with and without bias; tests/test_invariant_ops.py keeps checking it), so CPU float32
+linear layers run as one GEMM (`linear_rows=None`). A decode step of a few rows then costs what it
+costs without the mode; padding it to 16 rows made SmolLM2's CPU decode 2.4x slower, mostly in
+the 49152-row LM head. bf16 GEMMs (oneDNN) do change with the row count and stay chunked.
 """
 
 from __future__ import annotations
@@ -39,27 +46,31 @@ PROCESS_ENV = {
 class Shapes:
     """Rows per call of each kind of kernel (the last chunk padded).
 
-    `linear_rows`: rows of one GEMM of a linear layer. `attn_tile`: query positions of one
+    `linear_rows`: rows of one GEMM of a linear layer (None: all rows in one GEMM, see above). `attn_tile`: query positions of one
     sequence per attention GEMM (decode pads its one position up to it). `reduce_rows`: rows
     of one row reduction (norm variance, log-softmax); None: any number of rows >= 2 in one
     call, which is row-invariant on CPU (torch splits a row across threads only when the
     result is a single element). `logprob_rows`: rows of one log-softmax chunk.
     """
 
-    linear_rows: int
+    linear_rows: Optional[int]
     attn_tile: int
     reduce_rows: Optional[int]
     logprob_rows: int
 
 
-CPU = Shapes(linear_rows=64, attn_tile=16, reduce_rows=None, logprob_rows=16)
-CUDA = Shapes(linear_rows=128, attn_tile=64, reduce_rows=128, logprob_rows=64)
+CPU_FP32 = Shapes(linear_rows=None, attn_tile=4, reduce_rows=None, logprob_rows=16)
+CPU = Shapes(linear_rows=16, attn_tile=4, reduce_rows=None, logprob_rows=16)
+CUDA = Shapes(linear_rows=128, attn_tile=32, reduce_rows=128, logprob_rows=64)
 
 
-def shapes_for(device: Union[str, torch.device]) -> Shapes:
-    """The shapes of `device` ("cpu", "cuda", "cuda:1", a torch.device); other kinds are refused earlier."""
+def shapes_for(device: Union[str, torch.device], dtype: Optional[torch.dtype] = None) -> Shapes:
+    """The shapes of `device` ("cpu", "cuda", "cuda:1", a torch.device) for tensors of `dtype` (only CPU
+    float32 linear layers differ); other device kinds are refused before a model is built."""
     kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
-    return CPU if kind == "cpu" else CUDA
+    if kind != "cpu":
+        return CUDA
+    return CPU_FP32 if dtype == torch.float32 else CPU
 
 
 def environment_problem(device_kind: str) -> Optional[str]:
