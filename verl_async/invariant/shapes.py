@@ -21,9 +21,10 @@ leaves only kernels that reduce each output in one block.
 One exception to "fixed shapes everywhere", for cost: in strict mode MKL's fp32 GEMM gave every
 row the same bits for any row count (1 to 8192 rows, 10 shapes from 64x128 to 896x151936, 1-3
 threads, with and without bias; tests/test_invariant_ops.py keeps checking it), so CPU float32
-linear layers run as one GEMM (`linear_rows=None`). A decode step of a few rows then costs what it
-costs without the mode; padding it to 16 rows made SmolLM2's CPU decode 2.4x slower, mostly in
-the 49152-row LM head. bf16 GEMMs (oneDNN) do change with the row count and stay chunked.
+linear layers run as one GEMM (`linear_rows=None`): padding a decode step to 16 rows made
+SmolLM2's CPU decode 2.4x slower, mostly in the 49152-row LM head; what remains is strict mode's
+own price (its single-row GEMMs run 2-3x slower than MKL's default ones). bf16 GEMMs (oneDNN) do
+change with the row count and stay chunked.
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ PROCESS_ENV = {
 class Shapes:
     """Rows per call of each kind of kernel (the last chunk padded).
 
-    `linear_rows`: rows of one GEMM of a linear layer (None: all rows in one GEMM, see above). `attn_tile`: query positions of one
-    sequence per attention GEMM (decode pads its one position up to it). `reduce_rows`: rows
-    of one row reduction (norm variance, log-softmax); None: any number of rows >= 2 in one
+    `linear_rows`: rows of one GEMM of a linear layer (None: all rows in one GEMM, see above).
+    `attn_tile`: query positions of one sequence per attention GEMM (decode pads its one position
+    up to it). `reduce_rows`: rows of one norm-variance reduction; None: any number of rows >= 2 in one
     call, which is row-invariant on CPU (torch splits a row across threads only when the
     result is a single element). `logprob_rows`: rows of one log-softmax chunk.
     """
