@@ -114,6 +114,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-fast-decode", dest="fast_decode", action="store_false",
                    help="decode through the HF forward instead of the runner's FastDecoder (compare both paths)")
     p.add_argument("--kv-len-bucket", type=int, default=256)
+    p.add_argument("--true-on-policy", action="store_true",
+                   help="actor_rollout_ref.rollout.true_on_policy: the batch-invariant kernels (no HF baseline: the "
+                        "model is patched in place)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: leave as is)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -127,6 +130,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag, on in (("--vllm", args.vllm), ("--vllm-offline", args.vllm_offline)):
         if on and args.device != "cuda":
             p.error(f"{flag} runs vLLM on the GPU: it needs --device cuda (got --device {args.device})")
+    if args.true_on_policy:
+        from verl_async.invariant import PROCESS_ENV
+
+        os.environ.update(PROCESS_ENV)  # read by MKL / cuBLAS at their first call: none happened yet
+        args.hf = False
     if not 0.0 < args.vllm_mem <= 1.0:
         p.error(f"--vllm-mem is a fraction of GPU memory in (0, 1], got {args.vllm_mem}")
     cpu = args.device == "cpu"
@@ -272,6 +280,7 @@ async def bench(args, spec) -> tuple[dict, list, str | None]:
         fast_decode=args.fast_decode,
         kv_len_bucket=args.kv_len_bucket,
         seed=args.seed,
+        true_on_policy=args.true_on_policy,
     )
     rows = []
     try:
@@ -306,6 +315,7 @@ async def bench(args, spec) -> tuple[dict, list, str | None]:
         "cuda_graphs": args.cuda_graphs,
         "compile": args.compile,
         "fast_decode": args.fast_decode,
+        "true_on_policy": args.true_on_policy,
         "torch_threads": torch.get_num_threads(),
         "warmup_s": warm_s,
         "graphs": graphs,

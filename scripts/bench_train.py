@@ -333,9 +333,14 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--offload", action="store_true", help="fsdp_config.offload_policy (params/grads/optim on CPU)")
+    p.add_argument("--true-on-policy", action="store_true",
+                   help="actor_rollout_ref.rollout.true_on_policy=true (batch-invariant kernels; the attention span "
+                        "is the longest prompt + response of --prompt-len/--response-len)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any config override, e.g. actor_rollout_ref.actor.fsdp_config.grad_accum_no_sync=false")
     p.add_argument("--model-dir", default=None, help="reuse/cache the random model here")
+    p.add_argument("--model", default=None, help="an existing HF model folder instead of the random Qwen2 (e.g. "
+                                                 "SmolLM2's; pass --vocab-sample <= its vocabulary)")
     p.add_argument("--out", default="bench/train_bench.json")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="profile one extra step per configuration: Chrome traces in DIR, summary in the JSON")
@@ -346,11 +351,18 @@ def main(argv=None) -> int:
         args.n, args.prompt_len, args.response_len = 2, [4, 16], [8, 48]
         args.vocab_sample = min(args.vocab_sample, 500)
         args.steps, args.warmup = min(args.steps, 2), min(args.warmup, 1)
+    if args.true_on_policy:
+        from verl_async.invariant import PROCESS_ENV
+
+        os.environ.update(PROCESS_ENV)  # the Ray workers started below inherit it (read when their BLAS starts)
+        args.set += ["actor_rollout_ref.rollout.true_on_policy=true", f"data.max_prompt_length={args.prompt_len[1]}",
+                     f"data.max_response_length={args.response_len[1]}"]
     shape = TINY if args.tiny else QWEN25_05B
     tag = "_".join(str(shape[k]) for k in ("hidden_size", "num_hidden_layers", "vocab_size"))
-    model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), f"verl_async_bench_qwen2_{tag}")
+    model_dir = args.model or args.model_dir or os.path.join(tempfile.gettempdir(), f"verl_async_bench_qwen2_{tag}")
     t = time.perf_counter()
-    build_model_dir(model_dir, shape)
+    if not args.model:
+        build_model_dir(model_dir, shape)
     print(f"model at {model_dir} ({time.perf_counter() - t:.0f}s)", flush=True)
     if args.device == "cpu":
         peak = matmul_flops("cpu", torch.float32, 512, 5)
@@ -379,7 +391,8 @@ def main(argv=None) -> int:
             for attn in args.attn:
                 rows.extend(bench_group(world, attn, model_dir, args, peak, strategy))
     print_table(rows, peak)
-    result = {"device": args.device, "tiny": args.tiny, "matmul_flops_per_device": peak, "args": vars(args),
+    result = {"device": args.device, "tiny": args.tiny, "true_on_policy": args.true_on_policy,
+              "matmul_flops_per_device": peak, "args": vars(args),
               "torch": torch.__version__, "rows": rows}
     if args.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name(0)

@@ -124,3 +124,36 @@ def test_grpo_steps_through_the_entry_point(tmp_path, data):
         assert scalars.get(tag), f"{tag} not logged"
     # before training and at version 3 (test_freq=3); the end of the run reuses the latter, not a second pass
     assert [p.step for p in scalars["val/mean@1/acc"]] == [0, 3]
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", "float32"), ("cpu", "bfloat16"),
+                                           pytest.param("cuda", "bfloat16", marks=pytest.mark.gpu)])
+def test_true_on_policy_engine_and_trainer_agree_bitwise(model_dir, device, dtype):
+    """true_on_policy with SmolLM2-135M: the engine's sampling log-probs (3 chat prompts of unequal length,
+    batched) equal the FSDP2 trainer's recomputation bit for bit, in one micro-batch and split; with the
+    mode off they do not."""
+    from onpolicy_helpers import batch_of, generate, log_probs, rank, requests, train_step
+
+    from verl_async.models.loading import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    rows = arithmetic.generate_splits(3, 3, seed=2)["test"]
+    prompts = [tok(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
+                   add_special_tokens=False)["input_ids"] for r in rows]
+    torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+    longest = max(map(len, prompts))
+    for on in (True, False):
+        results = generate(model_dir, dtype=torch_dtype, true_on_policy=on, reqs=requests(prompts, max_tokens=12),
+                           max_model_len=longest + 16, device=device)
+        batch = batch_of(prompts, results)
+        worker = rank(model_dir, true_on_policy=on, bf16=dtype == "bfloat16", prompt_len=longest, response_len=16,
+                      device=device)
+        try:
+            mask = batch["response_mask"].bool()
+            for split in ([[0, 1, 2]], [[0], [1, 2]]):
+                logp = log_probs(worker, batch, split)
+                assert torch.equal(logp[mask], batch["rollout_log_probs"][mask]) == on, (on, split)
+            if on:  # the training forward (autograd) against the engine's numbers: PPO ratio exactly 1
+                assert train_step(worker, batch, batch["rollout_log_probs"])["actor/first_minibatch_ratio_dev_max"] == 0
+        finally:
+            worker.shutdown()

@@ -95,6 +95,10 @@ def ray_init(cfg: Any) -> bool:
         "PYTHONPATH": python_path,
         CACHE_KEY: cache_root(),
     }
+    if cfg.actor_rollout_ref.rollout.get("true_on_policy"):  # BLAS settings read at process start
+        from verl_async.invariant.shapes import PROCESS_ENV
+
+        env.update(PROCESS_ENV)
     if address:
         check_ray_address(cfg)
         try:

@@ -103,3 +103,25 @@ def test_trainer_recomputes_the_engine_log_probs_and_updates(ray_session, family
         assert torch.isfinite(torch.tensor(metrics["actor/pg_loss"])) and metrics["actor/grad_norm"] > 0
     finally:
         group.shutdown()
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", "float32"), ("cpu", "bfloat16"),
+                                           pytest.param("cuda", "bfloat16", marks=pytest.mark.gpu)])
+def test_true_on_policy_trainer_recomputes_the_engine_log_probs_bitwise(family, device, dtype):
+    """true_on_policy: engine (batched prefill, continuous decode) == FSDP2 trainer (packed, split), bit for bit;
+    windows shorter than the sequences and mixed layer kinds included."""
+    from onpolicy_helpers import PROMPTS as PROMPTS_24, batch_of, generate, log_probs, rank
+
+    name, folder, _ = family
+    torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+    results = generate(folder, dtype=torch_dtype, true_on_policy=True, device=device)
+    batch = batch_of(PROMPTS_24, results)
+    assert max(len(p) + len(r.token_ids) for p, r in zip(PROMPTS_24, results)) > WINDOW
+    worker = rank(folder, true_on_policy=True, bf16=dtype == "bfloat16", device=device)
+    try:
+        mask = batch["response_mask"].bool()
+        for split in ([[0, 1, 2, 3, 4]], [[0, 3], [1, 2, 4]]):
+            logp = log_probs(worker, batch, split)
+            assert torch.equal(logp[mask], batch["rollout_log_probs"][mask]), f"{name} {dtype} {split}"
+    finally:
+        worker.shutdown()

@@ -320,7 +320,8 @@ def test_fsdp_and_megatron_log_probs_pass_the_compile_flag(monkeypatch, actor_fl
             return (z, z) if name == "both" else z
         return f
 
-    settings = SimpleNamespace(temperature=1.0, use_torch_compile=actor_flag, ref_use_torch_compile=ref_flag)
+    settings = SimpleNamespace(temperature=1.0, use_torch_compile=actor_flag, ref_use_torch_compile=ref_flag,
+                               true_on_policy_span=None)
     for module in (fsdp_worker, megatron_worker):
         monkeypatch.setattr(module, "logprobs_and_entropy", fake("both"))
         monkeypatch.setattr(module, "logprobs_from_logits", fake("logp"))

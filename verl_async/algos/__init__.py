@@ -25,7 +25,7 @@ from .logprob import (
     logprobs_from_logits,
     normalize_temperature,
 )
-from .losses import LOSS_AGG_MODES, agg_loss, global_batch_info, ppo_policy_loss
+from .losses import LOSS_AGG_MODES, agg_loss, global_batch_info, ppo_policy_loss, ratio_deviation_max
 from .packing import Pack, pack_sequences, unpack_sequences
 from .rollout_correction import rollout_correction, vetoed_sequences
 
@@ -55,6 +55,7 @@ __all__ = [
     "pack_sequences",
     "partition_by_token_cap",
     "ppo_policy_loss",
+    "ratio_deviation_max",
     "rollout_correction",
     "scores_to_token_rewards",
     "spread",

@@ -85,6 +85,16 @@ class _Buffers:
             self._bufs[name] = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         return self._bufs[name][:rows]
 
+    def padded(self, chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+        """`scaled` into the full-size buffer, the rows past `chunk` zero: every call has the same shape
+        (`fixed_chunks`), so a row's max, sum and log do not depend on how many rows came with it."""
+        x = self.get("x", self.shape[0])
+        rows = chunk.shape[0]
+        x[:rows].copy_(chunk)
+        if rows < self.shape[0]:
+            x[rows:].zero_()
+        return x.div_(temperature) if temperature != 1.0 else x
+
     def scaled(self, chunk: torch.Tensor, temperature: float) -> torch.Tensor:
         """`chunk.to(dtype) / temperature`; the chunk itself when that is a no-op (never
         written to)."""
@@ -269,7 +279,8 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
     d logp/dx = onehot(label) - p,  dH/dx = p * (E_p[x] - x),  then / temperature."""
 
     @staticmethod
-    def forward(ctx, logits, labels, temperature, chunk, with_logp, with_entropy, fns=None):  # type: ignore[override]
+    def forward(ctx, logits, labels, temperature, chunk, with_logp, with_entropy, fns=None,  # type: ignore[override]
+                fixed=False):
         ctx.temperature, ctx.chunk, ctx.fns = temperature, chunk, fns
         ctx.set_materialize_grads(False)
         if fns is not None:  # use_torch_compile
@@ -278,23 +289,24 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
             return logp, ent
         n, vocab = logits.shape
         dtype = torch.promote_types(logits.dtype, torch.float32)
-        bufs = _Buffers(min(chunk, n), vocab, dtype, logits.device)
+        bufs = _Buffers(chunk if fixed else min(chunk, n), vocab, dtype, logits.device)
         lse = torch.empty(n, dtype=dtype, device=logits.device)
         logp = torch.empty(n, dtype=dtype, device=logits.device) if with_logp else None
         ent = torch.empty(n, dtype=dtype, device=logits.device) if with_entropy else None
         for s in range(0, n, chunk):
-            x = bufs.scaled(logits[s : s + chunk], temperature)
+            rows = min(chunk, n - s)
+            x = bufs.padded(logits[s : s + chunk], temperature) if fixed else bufs.scaled(logits[s : s + chunk], temperature)
             m = x.amax(-1, keepdim=True)
             m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # all -inf rows stay -inf, not NaN
             e = torch.sub(x, m, out=bufs.get("e", x.shape[0])).exp_()
             z = e.sum(-1)
-            lse_c = m.squeeze(-1) + z.log()
+            lse_c = (m.squeeze(-1) + z.log())[:rows]
             lse[s : s + chunk] = lse_c
             if with_logp:
-                logp[s : s + chunk] = x.gather(1, labels[s : s + chunk, None]).squeeze(1) - lse_c
+                logp[s : s + chunk] = x[:rows].gather(1, labels[s : s + chunk, None]).squeeze(1) - lse_c
             if with_entropy:
                 # E_p[x] = sum(e * x) / z; 0 * (-inf) for masked vocab entries counts as 0.
-                ent[s : s + chunk] = lse_c - e.mul_(x).nan_to_num_(nan=0.0).sum(-1) / z
+                ent[s : s + chunk] = lse_c - (e.mul_(x).nan_to_num_(nan=0.0).sum(-1) / z)[:rows]
         ctx.save_for_backward(logits, labels, lse, ent)
         return logp, ent
 
@@ -302,11 +314,11 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
     def backward(ctx, g_logp, g_ent):  # type: ignore[override]
         logits, labels, lse, ent = ctx.saved_tensors
         if g_logp is None and g_ent is None:
-            return (None,) * 7
+            return (None,) * 8
         temperature, chunk = ctx.temperature, ctx.chunk
         if ctx.fns is not None:  # use_torch_compile
             grad = _compiled_backward(ctx.fns, logits, labels, lse, ent, g_logp, g_ent, temperature, chunk)
-            return grad, None, None, None, None, None, None
+            return grad, None, None, None, None, None, None, None
         n, vocab = logits.shape
         bufs = _Buffers(min(chunk, n), vocab, lse.dtype, logits.device)
         grad = torch.empty_like(logits)
@@ -327,10 +339,11 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
             if temperature != 1.0:
                 gx.div_(temperature)
             grad[s : s + chunk].copy_(gx)
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
-def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy, use_torch_compile=False):
+def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy, use_torch_compile=False,
+         fixed_chunks=False):
     check_tensor("logits", logits)
     if logits.dim() < 1 or not logits.is_floating_point():
         raise ValueError(f"logits must be a floating tensor [..., V], got {logits.dtype} {tuple(logits.shape)}")
@@ -353,20 +366,24 @@ def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy, use_t
             )
     else:
         flat_labels = torch.zeros(0, dtype=torch.long, device=logits.device)
+    if fixed_chunks and use_torch_compile:
+        raise ValueError("fixed_chunks runs the eager chunk loop; it cannot be combined with use_torch_compile")
     fns = compiled_chunk_fns() if use_torch_compile else None
-    logp, ent = _ChunkedLogProbEntropy.apply(flat, flat_labels, t, chunk, with_logp, with_entropy, fns)
+    logp, ent = _ChunkedLogProbEntropy.apply(flat, flat_labels, t, chunk, with_logp, with_entropy, fns, fixed_chunks)
     return (logp.reshape(lead) if logp is not None else None, ent.reshape(lead) if ent is not None else None)
 
 
 def logprobs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0, chunk_size: int | None = None,
-    *, use_torch_compile: bool = False,
+    *, use_torch_compile: bool = False, fixed_chunks: bool = False,
 ) -> torch.Tensor:
     """`log_softmax(logits.float() / temperature)[labels]`, shape `logits.shape[:-1]`,
     memory-bounded and differentiable (see module docstring). `chunk_size` is in
     tokens (rows); None picks ~256 MiB of float32 per chunk. `use_torch_compile` runs
-    the per-chunk math through `torch.compile` (module docstring)."""
-    return _run(logits, labels, temperature, chunk_size, True, False, use_torch_compile)[0]
+    the per-chunk math through `torch.compile` (module docstring). `fixed_chunks` pads the
+    last chunk to `chunk_size` rows, so every reduction has one shape and a row's value
+    does not depend on the other rows (true on-policy mode: verl_async.invariant.logprob)."""
+    return _run(logits, labels, temperature, chunk_size, True, False, use_torch_compile, fixed_chunks)[0]
 
 
 def entropy_from_logits(
@@ -380,10 +397,11 @@ def entropy_from_logits(
 
 def logprobs_and_entropy(
     logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0, chunk_size: int | None = None,
-    *, use_torch_compile: bool = False,
+    *, use_torch_compile: bool = False, fixed_chunks: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both in one pass over the logits (the trainer's usual call)."""
-    logp, ent = _run(logits, labels, temperature, chunk_size, True, True, use_torch_compile)
+    """Both in one pass over the logits (the trainer's usual call); the log-probs are those of
+    `logprobs_from_logits` with the same arguments."""
+    logp, ent = _run(logits, labels, temperature, chunk_size, True, True, use_torch_compile, fixed_chunks)
     return logp, ent
 
 

@@ -181,3 +181,18 @@ def ppo_policy_loss(
             "ppo_kl": float(masked_mean(-neg_kl, valid)),
         }
     return loss, metrics
+
+
+def ratio_deviation_max(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> float:
+    """max |ratio - 1| over the masked tokens, ratio = exp(clamp(logp - old, -20, 20)) as in `ppo_policy_loss`;
+    inf when a masked token's log-prob is not finite, 0.0 for an empty mask.
+
+    0.0 means the PPO ratio is exactly 1 at every token: the loss's forward reproduced the old log-probs
+    bit for bit (true on-policy mode's check at the first mini-batch of a step)."""
+    valid = mask.bool()
+    if not bool(valid.any()):
+        return 0.0
+    diff = (logp - old_logp)[valid]
+    if not bool(torch.isfinite(diff).all()):
+        return float("inf")
+    return float((torch.exp(diff.clamp(-20.0, 20.0)) - 1.0).abs().max())

@@ -445,6 +445,14 @@ def multi_turn(cfg: DictConfig) -> None:
 
 
 @check
+def true_on_policy(cfg: DictConfig) -> None:
+    """Engines, trainers and settings true on-policy mode cannot serve (verl_async/config/true_on_policy.py)."""
+    from verl_async.config.true_on_policy import check_true_on_policy
+
+    check_true_on_policy(cfg)
+
+
+@check
 def custom_reward_function(cfg: DictConfig) -> None:
     path = cfg.custom_reward_function.path
     if path and (path.endswith(".py") or _looks_local(path)) and not os.path.isfile(os.path.expanduser(path)):

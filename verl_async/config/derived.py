@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from verl_async import staleness
 
 
 CPU_TOKEN_BUDGET = 4096  # what a null micro-batch token budget means on CPU (trainer/token_budget.py on GPUs)
+
+
+def rollout_max_model_len(rollout_cfg: Mapping[str, Any]) -> Optional[int]:
+    """Longest prompt + response: `rollout.max_model_len`, else prompt_length + response_length, else None.
+
+    The native engine's slot length, and in true on-policy mode the attention span both sides share."""
+    get = rollout_cfg.get
+    if get("max_model_len"):
+        return int(get("max_model_len"))
+    if get("prompt_length") and get("response_length"):
+        return int(get("prompt_length")) + int(get("response_length"))
+    return None
 
 
 def trainer_world_size(cfg: Any) -> int:

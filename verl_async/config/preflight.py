@@ -89,6 +89,14 @@ def check_model_folder(cfg: DictConfig) -> None:
         raise ConfigError("actor_rollout_ref.model.path", f"{given} is a vision-language model (config.json has "
                                                           "vision_config); VLM training is not implemented in "
                                                           "verl_async: use a text-only model")
+    if cfg.actor_rollout_ref.rollout.true_on_policy and isinstance(hf_config, dict):
+        from verl_async.invariant.model import MODEL_TYPES
+
+        kind = hf_config.get("model_type")
+        if kind not in MODEL_TYPES:
+            raise ConfigError("actor_rollout_ref.rollout.true_on_policy",
+                              f"model type {kind!r} of {given} is not one of {MODEL_TYPES}; its kernels have no "
+                              "batch-invariant twin here")
 
 
 def check_loggers(cfg: DictConfig) -> None:

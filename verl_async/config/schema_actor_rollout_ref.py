@@ -268,6 +268,7 @@ class RolloutConfig:
     dtype: str = rule(choices=ROLLOUT_DTYPES)
     ignore_eos: bool
     calculate_log_probs: bool
+    true_on_policy: bool
     tensor_model_parallel_size: int = rule(ge=1)
     gpu_memory_utilization: float = rule(gt=0, le=1)
     max_num_batched_tokens: int = rule(gt=0)

@@ -184,6 +184,12 @@ class RankBase:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.cpu().tolist()
 
+    def _all_reduce_max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device.torch_device)
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
     def sync_dtype(self, dtype: Optional[str] = None) -> torch.dtype:
         """dtype the weights leave in (weight sync, HF export): asked for, else fp32 on CPU, compute dtype elsewhere."""
         return weights_dtype(self.settings.device, self.compute_dtype, dtype)

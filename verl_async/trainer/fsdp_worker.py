@@ -11,6 +11,11 @@ float32; on GPU/NPU FSDP2's `MixedPrecisionPolicy` runs forward/backward in
 `fsdp_config.mixed_precision.param_dtype` (bf16) and reduces in `reduce_dtype` (fp32).
 CPU runs everything in float32 (exact tests).
 
+True on-policy mode (`actor_rollout_ref.rollout.true_on_policy`, `settings.true_on_policy_span`):
+both models are patched with verl_async.invariant's batch-invariant kernels before sharding and
+the log-probs come from its fixed-chunk kernel, so every forward (no-grad log-probs, the training
+forward with autograd) gives each response token the native engine's sampling log-prob, bit for bit.
+
 Reference model: a second FSDP2 module from the same weights, frozen, with
 `CPUOffloadPolicy` on accelerators (parameters live on the host and visit the device
 only inside its forward). The actor's weights are never swapped in and out by hand:
@@ -29,7 +34,10 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
-from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
+from verl_async.algos import logprobs_and_entropy, logprobs_from_logits, ratio_deviation_max
+from verl_async.invariant import environment_problem, make_invariant
+from verl_async.invariant.attention import ATTENTION_NAME
+from verl_async.invariant.logprob import token_logprobs, token_logprobs_and_entropy
 from verl_async.trainer import offload
 from verl_async.trainer.attention import resolve_attn_implementation
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
@@ -77,6 +85,10 @@ class FSDPWorker(RankBase):
         # DP only for now; a ("dp", "cp") mesh slots in here when context parallelism arrives.
         self.mesh = init_device_mesh(s.device, (self.world_size,), mesh_dim_names=("dp",))
         torch.manual_seed(s.seed)
+        if s.true_on_policy_span is not None:
+            problem = environment_problem(s.device)
+            if problem is not None:
+                raise RuntimeError(problem)
         self.attn_implementation = resolve_attn_implementation(s.attn_implementation, s.device)
         self.model = self._build_model(train=True)
         self.pad_token_id = int(self.model.config.pad_token_id or 0)
@@ -113,6 +125,9 @@ class FSDPWorker(RankBase):
         model = load_causal_lm(s.model_path, dtype=torch.float32, trust_remote_code=s.trust_remote_code,
                                override_config=s.override_config, attn_implementation=self.attn_implementation)
         model.config.use_cache = False
+        if s.true_on_policy_span is not None:  # before sharding: FSDP2 hooks the patched modules as they are
+            make_invariant(model, s.true_on_policy_span)
+            self.attn_implementation = ATTENTION_NAME
         if train and s.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if not train:
@@ -167,7 +182,12 @@ class FSDPWorker(RankBase):
         temperature = self.settings.temperature
         compiled = self.settings.ref_use_torch_compile if use_ref else self.settings.use_torch_compile
         with self._range("logprob"):
-            if with_entropy:
+            if self.settings.true_on_policy_span is not None:  # the engine's own kernel (fixed chunks)
+                if with_entropy:
+                    raw_logp, raw_ent = token_logprobs_and_entropy(logits, labels, temperature)
+                else:
+                    raw_logp, raw_ent = token_logprobs(logits, labels, temperature), None
+            elif with_entropy:
                 raw_logp, raw_ent = logprobs_and_entropy(logits, labels, temperature, use_torch_compile=compiled)
             else:
                 raw_logp, raw_ent = logprobs_from_logits(logits, labels, temperature, use_torch_compile=compiled), None
@@ -181,7 +201,8 @@ class FSDPWorker(RankBase):
 
     def _inputs(self, batch: TensorDict, rows: Sequence[int]) -> ModelInputs:
         return build_model_inputs(batch, rows, packed=self._packed(), pad_token_id=self.pad_token_id,
-                                  with_varlen_kwargs=self.attn_implementation in ("flash_attention_2", "varlen"))
+                                  with_varlen_kwargs=self.attn_implementation in ("flash_attention_2", "varlen",
+                                                                                  ATTENTION_NAME))
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorDict, micro_batches: list[list[int]], *, use_ref: bool = False,
@@ -237,9 +258,10 @@ class FSDPWorker(RankBase):
         # logging, compute_log_prob(calculate_entropy=True) gives it at no extra forward.
         want_entropy = s.entropy_coeff != 0
         stats = UpdateStats()
-        for plan in plans:
+        for step_index, plan in enumerate(plans):
             local = {k: 0.0 for k in METRIC_KEYS}
             bad = 0.0
+            ratio_dev = 0.0  # first mini-batch: max |ratio - 1| (0.0 when old log-probs are this forward's)
             micro = plan.micro[self.rank]
             for i, rows in enumerate(micro):
                 with self._range("inputs"):
@@ -261,12 +283,17 @@ class FSDPWorker(RankBase):
                         loss = loss + micro_loss
                         for k, v in m.items():
                             local[k] += v
+                    if step_index == 0:
+                        ratio_dev = max(ratio_dev, ratio_deviation_max(logp.detach(), data["old_log_probs"],
+                                                                       data["loss_mask"]))
                 self._grad_sync(last=i == len(micro) - 1)
                 # FSDP averages gradients over ranks; the shares are sums: undo the average.
                 with self._range("backward"):
                     (loss * self.world_size).backward()
             with self._range("metrics"):
                 reduced = self._all_reduce_sum([local[k] for k in METRIC_KEYS] + [bad])
+                if step_index == 0:
+                    stats.first_ratio_dev = self._all_reduce_max(ratio_dev)
             step_metrics = dict(zip(METRIC_KEYS, reduced[:-1]))
             bad_any = reduced[-1] > 0 or not all(np.isfinite(v) for v in step_metrics.values())
             with self._range("grad_clip"):

@@ -55,6 +55,7 @@ class UpdateStats:
         self.steps = 0
         self.errors: list[str] = []
         self.tokens = 0
+        self.first_ratio_dev: Optional[float] = None  # max |PPO ratio - 1| over the first mini-batch
         self.t0 = time.perf_counter()
 
     def add_step(self, step_metrics: dict[str, float], grad_norm: float, skipped: bool) -> None:
@@ -84,6 +85,8 @@ class UpdateStats:
             "perf/train_time_s": time.perf_counter() - self.t0,
             "perf/max_memory_allocated_gb": device_layer.peak_memory_bytes(s.device) / 2**30,
         })
+        if self.first_ratio_dev is not None:
+            out["actor/first_minibatch_ratio_dev_max"] = self.first_ratio_dev
         if s.use_kl_loss:
             out["actor/kl_coef"] = s.kl_loss_coef
         if self.errors:

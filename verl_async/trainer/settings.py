@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from verl_async.algos.logprob import logprob_temperature
+from verl_async.config.derived import rollout_max_model_len
+from verl_async.invariant import attention_span
 from verl_async.trainer.token_budget import CPU_TOKENS
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -187,6 +189,9 @@ class TrainerSettings:
     # actor.checkpoint.save_contents holds hf_model (verl's name): each checkpoint also gets actor/huggingface/
     # with the weights (config and tokenizer are written there always, for verl_async.model_merger)
     save_hf_model: bool = False
+    # true on-policy mode (rollout.true_on_policy): the attention span shared with the native engine
+    # (verl_async.invariant), None when off
+    true_on_policy_span: Optional[int] = None
     extra: dict = field(default_factory=dict)
 
     # knobs that may change after init (by their actor key name)
@@ -239,8 +244,18 @@ class TrainerSettings:
         grad_clip = g(f"{a}.grad_clip", 1.0)
         mp = g(f"{a}.fsdp_config.mixed_precision", {}) or {}
         use_kl_loss = bool(g(f"{a}.use_kl_loss", False))
+        true_on_policy = _bool(f"{r}.true_on_policy", g(f"{r}.true_on_policy", False))
+        span = None
+        if true_on_policy:
+            max_len = rollout_max_model_len(g(r))
+            if max_len is None:
+                raise ValueError(f"{r}.true_on_policy needs {r}.prompt_length and {r}.response_length "
+                                 f"(or {r}.max_model_len): the attention span both sides share")
+            span = attention_span(max_len)
         compile_asked = g(f"{a}.use_torch_compile", None)  # null: on for CUDA (measured faster), off elsewhere
-        use_torch_compile = device == "cuda" if compile_asked is None else _bool(f"{a}.use_torch_compile", compile_asked)
+        if compile_asked is None:  # true on-policy: the eager kernel the engine shares
+            compile_asked = device == "cuda" and not true_on_policy
+        use_torch_compile = _bool(f"{a}.use_torch_compile", compile_asked)
         ref_compile = g(f"{ref}.use_torch_compile", None)
         settings = cls(
             device=device,
@@ -305,6 +320,7 @@ class TrainerSettings:
             ref_use_torch_compile=(use_torch_compile if ref_compile is None
                                    else _bool(f"{ref}.use_torch_compile", ref_compile)),
             save_hf_model="hf_model" in list(g(f"{a}.checkpoint.save_contents", []) or []),
+            true_on_policy_span=span,
         )
         settings.check()
         return settings
@@ -327,6 +343,9 @@ class TrainerSettings:
             )
         if self.use_kl_loss and not self.need_ref:
             raise AssertionError("unreachable: use_kl_loss implies a reference model")
+        if self.true_on_policy_span is not None and self.use_torch_compile:
+            raise ValueError(f"{a}.use_torch_compile=true cannot run with actor_rollout_ref.rollout.true_on_policy "
+                             f"(compiled log-prob kernels change the arithmetic); set it to false")
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> "TrainerSettings":
         unknown = set(overrides) - set(self.RUNTIME_KEYS)

@@ -32,7 +32,8 @@ plus the keys the call needs (all [B, T] float unless noted):
 `update` metrics: actor/{pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, loss, grad_norm, lr,
 kl_loss (use_kl_loss), entropy (entropy_coeff != 0; else take it from
 compute_log_prob(calculate_entropy=True)), skipped_steps, total_skipped_steps,
-optimizer_steps, global_step}, mismatch/* (rollout correction metrics, when this call
+optimizer_steps, global_step, first_minibatch_ratio_dev_max (FSDP2: max |PPO ratio - 1| over the first
+mini-batch's tokens, 0.0 when the training forward reproduces the old log-probs)}, mismatch/* (rollout correction metrics, when this call
 computed the correction and `rollout_log_probs` is in the batch), perf/{train_tokens (real tokens x epochs),
 forward_tokens (padding included), train_time_s, max_memory_allocated_gb}. Loss-type values are exact mini-batch values (averaged over
 the step's mini-batches), not micro-batch averages.

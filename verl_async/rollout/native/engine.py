@@ -46,6 +46,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence as Seq
 
 import torch
 
+from verl_async.config.derived import rollout_max_model_len
+from verl_async.invariant import attention_span, environment_problem
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.native.runner import ModelRunner
 from verl_async.rollout.native.sampler import SamplingPlan, sample_with_plan
@@ -102,6 +104,9 @@ class NativeEngine(InferenceEngine):
     replays decode steps per (batch, KV-length bucket of `kv_len_bucket` tokens);
     `compile_decode` adds torch.compile (opt-in); `fast_decode` (default on) decodes supported
     models with fewer kernels (runner.py). `check_finite_weights` rejects NaN/Inf in update_weights.
+    `true_on_policy` (actor_rollout_ref.rollout.true_on_policy): the model runs the trainer's
+    batch-invariant kernels (verl_async.invariant; the model is patched in place) and reports the
+    log-prob the trainer recomputes, bit for bit; fast_decode is then off, compile_decode refused.
     """
 
     name = "native"
@@ -128,8 +133,13 @@ class NativeEngine(InferenceEngine):
         fast_decode: bool = True,
         version: int = 0,
         check_finite_weights: bool = True,
+        true_on_policy: bool = False,
     ) -> None:
         self._spec = device if isinstance(device, device_lib.DeviceSpec) else device_lib.resolve(device)
+        if true_on_policy:
+            problem = environment_problem(self._spec.kind)
+            if problem is not None:
+                raise RuntimeError(problem)
         if model is None:
             if model_path is None:
                 raise ValueError("native engine: give model_path (HF id or folder) or a loaded model")
@@ -161,7 +171,9 @@ class NativeEngine(InferenceEngine):
             kv_len_bucket=kv_len_bucket,
             compile_decode=compile_decode,
             fast_decode=fast_decode,
+            true_on_policy_span=attention_span(self.max_model_len) if true_on_policy else None,
         )
+        self._true_on_policy = bool(true_on_policy)
         self.vocab_size = self._runner.vocab_size
         self.eos_token_ids = frozenset(self._eos_ids(model) if eos_token_ids is None else eos_token_ids)
         self._sched = Scheduler(num_slots=num_slots, max_num_batched_tokens=max_num_batched_tokens)
@@ -228,9 +240,7 @@ class NativeEngine(InferenceEngine):
         (CPU runs float32 so that log-probs match the trainer exactly).
         """
         get = rollout_cfg.get
-        max_model_len = get("max_model_len")
-        if not max_model_len and get("prompt_length") and get("response_length"):
-            max_model_len = int(get("prompt_length")) + int(get("response_length"))
+        max_model_len = rollout_max_model_len(rollout_cfg)
         kwargs: dict[str, Any] = {
             "max_num_seqs": int(get("max_num_seqs", 64)),
             "max_model_len": max_model_len,
@@ -239,6 +249,7 @@ class NativeEngine(InferenceEngine):
             "seed": int(get("seed", 0) or 0),
             "dtype": None if device == "cpu" else get("dtype"),
             "cuda_graphs": None if get("enforce_eager") is None else not bool(get("enforce_eager")),
+            "true_on_policy": bool(get("true_on_policy", False)),
         }
         native = (get("engine_kwargs") or {}).get("native") or {}
         kwargs.update(dict(native))
@@ -482,7 +493,8 @@ class NativeEngine(InferenceEngine):
                 logits = runner.prefill(contexts, slots)
                 for seq, ctx in zip(admitted, contexts):
                     seq.cache_len = len(ctx)
-                tokens, log_probs = sample_with_plan(logits, self._plan_for(admitted, logits), self._generator)
+                tokens, log_probs = sample_with_plan(logits, self._plan_for(admitted, logits), self._generator,
+                                                     true_on_policy=self._true_on_policy)
                 runner.set_rows(slots, tokens, [len(ctx) for ctx in contexts])
                 self._record(admitted, *runner.to_host(tokens, log_probs), decoded=False)
             except Exception as exc:  # noqa: BLE001 - fail this prefill's requests, keep serving
@@ -500,7 +512,7 @@ class NativeEngine(InferenceEngine):
                 plan = self._decode_plan
                 if plan is None:  # the batch changed since the last step
                     plan = self._decode_plan = self._plan_for(running, logits)
-                tokens, log_probs = sample_with_plan(logits, plan, self._generator)
+                tokens, log_probs = sample_with_plan(logits, plan, self._generator, true_on_policy=self._true_on_policy)
                 runner.advance(rows, tokens)
                 done = self._record(running, *runner.to_host(tokens, log_probs), decoded=True)
             except Exception as exc:  # noqa: BLE001

@@ -12,6 +12,12 @@ not wired; NPU is untested here). `fast_decode` (default on) runs the decode ste
 llama/mistral/qwen2/qwen3 models through fast_decode.FastDecoder (same numbers from the same
 weights, ~14 instead of ~43 kernels per layer expected on CUDA, q/k/v and gate/up as one GEMM each); other
 models decode through the HF forward.
+
+`true_on_policy_span` (true on-policy mode, verl_async.invariant): the model is patched with the
+batch-invariant kernels the trainer uses, prefill and decode both run the HF forward (no
+FastDecoder, no torch.compile: fusions change the arithmetic), cache slots hold `span` positions
+and every decode step attends over all of them (one KV length: the attention's reductions have
+the trainer's shapes). CUDA graphs stay: they replay those same kernels.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Callable, Optional
 
 import torch
 
+from verl_async.invariant import make_invariant
 from verl_async.rollout.native.fast_decode import FastDecoder, fast_decode_problem
 from verl_async.rollout.native.kv_cache import SlotKVCache, decode_masks, prefill_masks
 from verl_async.utils.device import DeviceSpec
@@ -76,9 +83,17 @@ class ModelRunner:
         kv_len_bucket: int = 256,
         compile_decode: bool = False,
         fast_decode: bool = True,
+        true_on_policy_span: Optional[int] = None,
     ) -> None:
+        self.invariant = true_on_policy_span is not None
+        if self.invariant:
+            if compile_decode:
+                raise ValueError("native engine: compile_decode cannot run in true on-policy mode (fusions change the "
+                                 "arithmetic); drop engine_kwargs.native.compile_decode")
+            make_invariant(model, true_on_policy_span)
+            slot_len, fast_decode = int(true_on_policy_span), False
         impl = getattr(model.config, "_attn_implementation", None)
-        if impl not in SUPPORTED_ATTENTION:
+        if impl not in SUPPORTED_ATTENTION and not self.invariant:
             raise ValueError(
                 f"native engine: model attention implementation {impl!r} is not supported; load the model "
                 f"with attn_implementation in {SUPPORTED_ATTENTION}"
@@ -260,6 +275,8 @@ class ModelRunner:
     def kv_len_for(self, max_position: int) -> int:
         """Keys a decode step reads per row: exact in eager mode, bucketed when replaying graphs."""
         need = max_position + 1
+        if self.invariant:
+            return self.cache.slot_len
         if not self.static_decode:
             return need
         return min(self.cache.slot_len, -(-need // self.kv_len_bucket) * self.kv_len_bucket)
@@ -331,7 +348,8 @@ class ModelRunner:
             return 0
         batches = [b for b in self._batch_buckets if b < max_batch]
         batches.append(self._batch_buckets[bisect.bisect_left(self._batch_buckets, max_batch)])
-        lens = list(range(self.kv_len_bucket, max_kv_len, self.kv_len_bucket)) + [self.kv_len_for(max_kv_len - 1)]
+        lens = [self.cache.slot_len] if self.invariant else (
+            list(range(self.kv_len_bucket, max_kv_len, self.kv_len_bucket)) + [self.kv_len_for(max_kv_len - 1)])
         for batch in batches:
             # the inputs stay as they are: live rows repeat their real next step (same K/V written),
             # free rows sit at position 0 of their free slot

@@ -19,6 +19,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from verl_async.invariant.logprob import sampled_logprobs
+
 
 class SamplingPlan:
     """The per-row settings of one batch, turned into tensors once (reused while the batch is unchanged).
@@ -31,7 +33,7 @@ class SamplingPlan:
 
     __slots__ = (
         "rows", "vocab", "all_greedy", "greedy_mask", "temperatures", "use_k", "use_p", "max_k", "k_t", "p_t",
-        "use_default", "seeded",
+        "use_default", "seeded", "logprob_temperatures",
     )
 
     def __init__(
@@ -51,6 +53,7 @@ class SamplingPlan:
         self.rows, self.vocab = rows, vocab
         greedy = [t == 0 for t in temperatures]
         temps = [t if t > 0 else 1.0 for t in temperatures]
+        self.logprob_temperatures = temps
         self.all_greedy = all(greedy)
         self.greedy_mask = torch.tensor(greedy, device=device) if any(greedy) and not self.all_greedy else None
         self.temperatures = (
@@ -116,9 +119,13 @@ def sample_tokens(
 
 
 def sample_with_plan(
-    logits: torch.Tensor, plan: SamplingPlan, default_generator: Optional[torch.Generator] = None
+    logits: torch.Tensor, plan: SamplingPlan, default_generator: Optional[torch.Generator] = None,
+    *, true_on_policy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample_tokens` with the settings already in a SamplingPlan (same numbers, less host work)."""
+    """`sample_tokens` with the settings already in a SamplingPlan (same numbers, less host work).
+
+    `true_on_policy`: the log-probs come from the trainer's own kernel (verl_async.invariant.logprob),
+    bit for bit what it recomputes; the tokens are drawn the same way either way."""
     logits = logits.float()
     if logits.size(0) != plan.rows:
         raise ValueError(f"sample_tokens: the plan has {plan.rows} rows, the logits {logits.size(0)}")
@@ -136,6 +143,8 @@ def sample_with_plan(
         tokens = torch.sub(allowed, scores, out=scores).argmax(dim=-1)  # argmax(log p - log E)
         if plan.greedy_mask is not None:
             tokens = torch.where(plan.greedy_mask, logits.argmax(dim=-1), tokens)
+    if true_on_policy:
+        return tokens, sampled_logprobs(logits, tokens, plan.logprob_temperatures)
     # log_softmax(scaled)[token] without materialising the [B, V] log-softmax
     token_log_probs = scaled.gather(-1, tokens[:, None])[:, 0] - torch.logsumexp(scaled, dim=-1)
     return tokens, token_log_probs

@@ -1,0 +1,44 @@
+"""The sampled token's log-prob in true on-policy mode: one function for the engine and the trainer.
+
+`log_softmax(logits.float() / T)[token]` through `algos.logprob`'s chunked kernel with fixed
+chunks (`fixed_chunks=True`, `Shapes.logprob_rows` rows each), so the engine's few decode rows
+and the trainer's thousands of response positions get the same bits per row. The trainer's
+training forward calls the same kernel with autograd (`token_logprobs_and_entropy`), its
+no-grad forward `token_logprobs`: the PPO ratio of an unchanged policy is exactly 1.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from verl_async.algos.logprob import logprobs_and_entropy, logprobs_from_logits
+from verl_async.invariant.shapes import shapes_for
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[..., V] logits, [...] labels -> [...] float32 log-probs at `temperature` (0 or None: 1)."""
+    rows = shapes_for(logits.device).logprob_rows
+    return logprobs_from_logits(logits, labels, temperature, rows, fixed_chunks=True)
+
+
+def token_logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                               temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` and the entropy in one pass (the log-probs are the same bits)."""
+    rows = shapes_for(logits.device).logprob_rows
+    return logprobs_and_entropy(logits, labels, temperature, rows, fixed_chunks=True)
+
+
+def sampled_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
+    """The engine's call: rows may carry different temperatures (greedy rows report 1); each group of
+    rows with one temperature goes through `token_logprobs` (a row's value does not depend on its group)."""
+    temps = [t if t > 0 else 1.0 for t in temperatures]
+    distinct = sorted(set(temps))
+    if len(distinct) == 1:
+        return token_logprobs(logits, tokens, distinct[0])
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for t in distinct:
+        idx = torch.tensor([i for i, x in enumerate(temps) if x == t], device=logits.device)
+        out[idx] = token_logprobs(logits.index_select(0, idx), tokens.index_select(0, idx), t)
+    return out
