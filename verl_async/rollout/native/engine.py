@@ -38,7 +38,6 @@ import concurrent.futures
 import functools
 import logging
 import math
-import numbers
 import queue
 import threading
 import time
@@ -49,6 +48,7 @@ import torch
 from verl_async.config.derived import rollout_max_model_len
 from verl_async.invariant import attention_span, environment_problem
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
+from verl_async.rollout.native.requests import rejected, request_problem
 from verl_async.rollout.native.runner import ModelRunner
 from verl_async.rollout.native.sampler import SamplingPlan, sample_with_plan
 from verl_async.rollout.native.scheduler import Scheduler, Sequence
@@ -277,9 +277,9 @@ class NativeEngine(InferenceEngine):
         return self._sched.num_slots
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        problem = self._check_request(request)
+        problem = request_problem(request, self.vocab_size, self.max_model_len)
         if problem is not None:
-            return self._rejected(request, problem)
+            return rejected(request, problem)
         seq = self._make_sequence(request, None)
         already = seq.check_finished() if request.prefix_token_ids else None
         if already is not None:  # the prefix already ended (stop token or budget): nothing to generate
@@ -291,7 +291,7 @@ class NativeEngine(InferenceEngine):
         try:
             self._post(self._add, seq)
         except RuntimeError as exc:
-            return self._rejected(request, str(exc))
+            return rejected(request, str(exc))
         try:
             return await fut
         except asyncio.CancelledError:
@@ -369,52 +369,6 @@ class NativeEngine(InferenceEngine):
             except RuntimeError:
                 pass
             self._thread.join(60)
-
-    # ------------------------------------------------------------------ request checks
-    def _check_request(self, request: GenerateRequest) -> Optional[str]:
-        sp = request.sampling
-        try:
-            sp.validate()
-        except ValueError as exc:
-            return str(exc)
-        if not isinstance(sp.top_k, numbers.Integral) or sp.top_k < -1:
-            return f"top_k must be -1/0 (off) or a positive int, got {sp.top_k!r}"
-        if sp.seed is not None and not isinstance(sp.seed, numbers.Integral):
-            return f"seed must be an int or None, got {sp.seed!r}"
-        if not request.prompt_ids:
-            return "prompt_ids is empty"
-        vocab = self.vocab_size
-        for what, ids in (
-            ("prompt_ids", request.prompt_ids),
-            ("prefix_token_ids", request.prefix_token_ids),
-            ("stop_token_ids", sp.stop_token_ids),
-        ):
-            bad = [t for t in ids if not isinstance(t, numbers.Integral) or not 0 <= t < vocab]
-            if bad:
-                return f"{what} holds ids outside the vocabulary [0, {vocab}): {bad[:5]}"
-        n_prefix = len(request.prefix_token_ids)
-        if not n_prefix == len(request.prefix_log_probs) == len(request.prefix_versions):
-            return (
-                f"prefix_token_ids ({n_prefix}), prefix_log_probs ({len(request.prefix_log_probs)}) and "
-                f"prefix_versions ({len(request.prefix_versions)}) must have the same length"
-            )
-        context = len(request.prompt_ids) + n_prefix
-        if context >= self.max_model_len:
-            return (
-                f"prompt ({len(request.prompt_ids)} tokens) + prefix ({n_prefix}) = {context} tokens leaves no room "
-                f"in max_model_len={self.max_model_len}"
-            )
-        return None
-
-    def _rejected(self, request: GenerateRequest, problem: str) -> GenerateResult:
-        return GenerateResult(
-            request_id=request.request_id,
-            token_ids=list(request.prefix_token_ids),
-            log_probs=list(request.prefix_log_probs),
-            versions=list(request.prefix_versions),
-            finish_reason="abort",
-            error=f"request {request.request_id!r}: {problem}",
-        )
 
     def _make_sequence(self, request: GenerateRequest, deliver: Optional[Callable]) -> Sequence:
         sp = request.sampling
