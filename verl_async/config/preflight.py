@@ -89,7 +89,7 @@ def check_model_folder(cfg: DictConfig) -> None:
         raise ConfigError("actor_rollout_ref.model.path", f"{given} is a vision-language model (config.json has "
                                                           "vision_config); VLM training is not implemented in "
                                                           "verl_async: use a text-only model")
-    if cfg.actor_rollout_ref.rollout.true_on_policy and isinstance(hf_config, dict):
+    if OmegaConf.select(cfg, "actor_rollout_ref.rollout.true_on_policy", default=False) and isinstance(hf_config, dict):
         from verl_async.invariant.model import MODEL_TYPES
 
         kind = hf_config.get("model_type")
