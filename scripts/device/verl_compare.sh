@@ -23,6 +23,8 @@
 #   verlbench:SEED, oursbench:SEED   throughput only, BENCH_STEPS (16) steps, no validation, every response forced to
 #                  its drawn length (ours: rollout.ignore_eos + extra_info.target_lengths; verl: the
 #                  forced_length_agent loop, scripts/device/verl_forced_length.py)
+#   enginecmp      issue 27 item 6: scripts/bench_engine.py --no-hf --vllm --vllm-offline (native engine vs vLLM's own
+#                  LLM.generate, random Qwen2.5-0.5B shape, the same prompts and log-normal lengths) -> $OUT/engine_vllm_offline.*
 #   queue:P1,P2,.. run phases one after another in the background (setsid: they outlive the call while the machine
 #                  is held); wait:SECONDS waits for them, then copies what finished to $OUT
 # Each run: $STORE/NAME.tar.gz (console.log with a time.time() prefix on every line, launch_epoch, gpu_mem.csv:
@@ -45,6 +47,9 @@ STEPS=${STEPS:-96}
 TEST_FREQ=${TEST_FREQ:-8}
 BENCH_STEPS=${BENCH_STEPS:-16}
 LIMIT=${RUN_LIMIT:-1500}
+# verl's default attention is flash_attention_2 and its packed (remove-padding) path needs it; the flash-attn
+# package has no wheel for the image's torch 2.11 + CUDA 13 on the registry, so verl runs SDPA on padded batches
+VERL_ATTN=(+actor_rollout_ref.model.override_config.attn_implementation=sdpa actor_rollout_ref.model.use_remove_padding=False)
 status=0
 
 model_dir() { PYTHONPATH=$OURS_PATH python3 -c "from verl_async.models.builtin import resolve_model_path as r; print(r('builtin://smollm2-135m-instruct'))" 2>/dev/null | tail -1; }
@@ -92,9 +97,9 @@ verl_run() {  # verl_run NAME SEED BENCH(0|1)
     data.train_files=$data/train.parquet data.train_batch_size=16 \
     data.max_prompt_length=$plen data.max_response_length=$rlen data.filter_overlong_prompts=True \
     data.truncation=error data.seed=$seed \
-    actor_rollout_ref.model.path="$model" actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.model.path="$model" \
     actor_rollout_ref.model.enable_gradient_checkpointing=False \
-    actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2 \
+    "${VERL_ATTN[@]}" actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2 \
     actor_rollout_ref.actor.fsdp_config.strategy=fsdp2 actor_rollout_ref.ref.fsdp_config.strategy=fsdp2 \
     actor_rollout_ref.actor.optim.lr=1e-5 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 \
@@ -179,6 +184,12 @@ stats = bench_async.write_workload("$BENCH/train.parquet", ${BENCH_PROMPTS:-512}
 print("workload", json.dumps(stats))
 PY
       ;;
+    enginecmp)  # issue 27 item 6: vLLM's own LLM.generate vs the native engine, same prompts and lengths, random 0.5B shape
+      PYTHONPATH=$OURS_PATH timeout --kill-after=15 "${ENGINE_LIMIT:-420}" python3 scripts/bench_engine.py --device cuda \
+        --no-hf --vllm --vllm-offline --batches "${ENGINE_BATCHES:-1,16,64,256}" --out "$STORE/engine_vllm_offline.json" \
+        > "$STORE/engine_vllm_offline.log" 2>&1 || status=1
+      grep -vE "it/s]|INFO|WARNING" "$STORE/engine_vllm_offline.log" | tail -n 25
+      cp "$STORE/engine_vllm_offline.json" "$STORE/engine_vllm_offline.log" "$OUT/" 2>/dev/null ;;
     verl:*) verl_run "verl-${phase#verl:}${RUN_TAG:+-$RUN_TAG}" "${phase#verl:}" 0 ;;
     ours:*) ours_run "ours-${phase#ours:}${RUN_TAG:+-$RUN_TAG}" "${phase#ours:}" 0 ;;
     oursblock:*) VAL_ASYNC=false ours_run "ours-${phase#oursblock:}-blockval" "${phase#oursblock:}" 0 ;;
