@@ -15,6 +15,7 @@ of a step and prints that step's line after it: the weights of step N exist at t
 (TensorBoard wall time of `fully_async/param_version`), whenever its validation finished.
 
 Columns (time in seconds from the launch of the command, start-up included):
+  first step    the training window's start: start-up (Ray, processes, engines) and the validation before training
   to acc>=T     first validated version whose held-out accuracy (verl `val-core/*/acc/mean@1`, ours
                 `val/mean@1/acc`) reached T; "-" never
   final acc     the last validation's accuracy
@@ -227,13 +228,13 @@ def _fmt(value: Optional[float], digits: int = 1) -> str:
 
 def table(runs: Sequence[RunData], thresholds: Sequence[float], throughput: bool = False) -> str:
     """One row per run (see the module docstring for the columns)."""
-    head = ["run", "system", "steps"]
+    head = ["run", "system", "steps", "first step (s)"]
     if not throughput:
         head += [f"to acc>={t:g} (s)" for t in thresholds] + ["final acc", "best acc"]
     head += ["trained tok/s", "gen tok/s", "s/step", "gen", "train", "sync", "val", "wait", "peak GPU MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
-        cells = [r.name, r.system, str(r.steps)]
+        cells = [r.name, r.system, str(r.steps), _fmt(r.window[0] if r.window_s > 0 else None)]
         if not throughput:
             cells += [_fmt(time_to(r.acc, t)) for t in thresholds]
             final = sorted(r.acc)[-1][2] if r.acc else None

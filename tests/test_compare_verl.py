@@ -139,9 +139,9 @@ def test_table_and_plot_from_archives(cv, tmp_path):
     assert cv["main"](["--verl", str(tmp_path / "verl-1.tar.gz"), "--ours", str(tmp_path / "ours-1"),
                        "--out-dir", str(out), "--prefix", "t"]) == 0
     lines = (out / "t_table.md").read_text().splitlines()
-    assert lines[0].startswith("| run | system | steps | to acc>=0.3 (s) | to acc>=0.45 (s) | final acc")
-    assert lines[2] == "| verl-1 | verl | 4 | 120.0 | 143.0 | 0.500 | 0.500 | 465 | 238 | 10.75 | 6.00 | 3.00 | 1.00 | 1.50 | 0.00 | 30123 |"
-    assert lines[3].startswith("| ours-1 | ours | 3 | 68.0 | 68.0 | 0.500 | 0.500 |")
+    assert lines[0].startswith("| run | system | steps | first step (s) | to acc>=0.3 (s) | to acc>=0.45 (s) | final acc")
+    assert lines[2] == "| verl-1 | verl | 4 | 100.0 | 120.0 | 143.0 | 0.500 | 0.500 | 465 | 238 | 10.75 | 6.00 | 3.00 | 1.00 | 1.50 | 0.00 | 30123 |"
+    assert lines[3].startswith("| ours-1 | ours | 3 | 55.0 | 68.0 | 68.0 | 0.500 | 0.500 |")
     assert (out / "t_accuracy.png").stat().st_size > 1000
 
 
