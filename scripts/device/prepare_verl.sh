@@ -25,6 +25,12 @@
 #                               opentelemetry (vLLM imports it in a try block), GPU kernels vLLM does not load
 #                               for a dense bf16 model (flashinfer, tilelang, cutlass-dsl, ...), wandb (verl
 #                               imports it only for trainer.logger=wandb; we log to console + file).
+#   TransferQueue 0.1.11        verl 0.9.1's v1 trainer (the default, trainer.use_v1) imports transfer_queue whatever
+#                               transfer_queue.enable says (main_ppo.TaskRunnerV1.run, trainer/ppo/v1/*); its own needs
+#                               (pyzmq, msgspec, tensordict, ray, hydra) come with the other carries
+#   pycountry 26.2.16           vLLM's structured-output import of transformers 5.10's MistralCommonBackend loads
+#                               mistral_common -> pydantic_extra_types.language_code, which needs it (both found on the
+#                               GPU, 2026-11-27; before this, a separate .carry/v2 brought them)
 # Not here because another carry has them: Ray 2.60 (stripped), hydra-core, omegaconf, pyvers, jsonschema (.whl,
 # /work/shared/device/make_device_wheels.sh), vLLM 0.26.0 and pydantic, fastapi, starlette, openai ... (.carry/p1,
 # p2: prepare_vllm.sh). verl 0.9.1 accepts vLLM >= 0.18 (verl/third_party/vllm: no upper bound; its `vllm` extra
@@ -43,7 +49,8 @@ prometheus-fastapi-instrumentator==8.1.0 lm-format-enforcer==0.11.3 interegular=
 lark==1.2.2 mistral-common==1.13.1 pydantic-extra-types==2.11.1 compressed-tensors==0.17.0 loguru==0.7.3
 depyf==0.20.0 astor==0.8.1 watchfiles==1.3.0 python-json-logger==4.2.0 ijson==3.6.0 anthropic==2.14.0
 docstring-parser==0.18.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 model-hosting-container-standards==0.1.16
-jmespath==1.1.0 supervisor==4.3.0 mcp==2.3.0 mcp-types==2.3.0 pyjwt==2.15.1 python-multipart==0.0.34 sse-starlette==3.7.0"
+jmespath==1.1.0 supervisor==4.3.0 mcp==2.3.0 mcp-types==2.3.0 pyjwt==2.15.1 python-multipart==0.0.34 sse-starlette==3.7.0
+TransferQueue==0.1.11 pycountry==26.2.16"
 source "$(dirname "$0")/wheel_platform.sh"   # PLAT, git_exclude
 
 root=$(git rev-parse --show-toplevel)
