@@ -18,6 +18,8 @@
 #                      sync   staleness 0, sync every step, no partial rollout       (arithmetic task)
 #                      async  staleness 0.5, partial rollout, sync every step        (arithmetic task)
 #                      gsm8k  like async, on GSM8K train with the real test split as validation
+#                    Prefixes: ipc- (weights by CUDA IPC), vllm- (vLLM engine), tonp- (true on-policy mode,
+#                    actor_rollout_ref.rollout.true_on_policy=true; issue 26), e.g. train:tonp-ipc-async-1.
 #                    Same data, steps, loss and validation otherwise. Layout: 2+ GPUs -> 1 rollout GPU + 1 train
 #                    GPU, weights over NCCL; 1 GPU -> rollout.colocate=true (engine beside the trainer, object store).
 #   tools:MODE-SEED  multi-turn with the calculator on the arithmetic task with a few-shot tool prompt
@@ -61,7 +63,10 @@ status=0
 
 train() {  # train [vllm-]MODE SEED
   local mode=$1 seed=$2 name="$1-$2${RUN_TAG:+-$RUN_TAG}" extra data=$DATA plen=${PROMPT_LEN:-256} resp=256 steps=$STEPS layout vllm=0
-  local ipc=0
+  local ipc=0 tonp=""
+  if [ "${mode#tonp-}" != "$mode" ]; then  # true on-policy mode (issue 26): native engine and trainer bitwise equal
+    mode=${mode#tonp-} tonp="actor_rollout_ref.rollout.true_on_policy=true"
+  fi
   if [ "${mode#vllm-}" != "$mode" ]; then mode=${mode#vllm-} vllm=1; fi
   if [ "${mode#ipc-}" != "$mode" ]; then mode=${mode#ipc-} ipc=1; fi  # colocated weights through CUDA IPC
   if [ "${ENGINE:-native}" = vllm ] && [ $vllm = 0 ]; then vllm=1 name="vllm-$name"; fi
@@ -95,7 +100,7 @@ train() {  # train [vllm-]MODE SEED
     actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.rollout.max_num_seqs=256 \
     actor_rollout_ref.rollout.seed=$seed \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.optim.lr=$LR \
-    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=${MICRO_TOKENS:-16384} ${TRAIN_EXTRA:-} \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=${MICRO_TOKENS:-16384} $tonp ${TRAIN_EXTRA:-} \
     actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     async_training.use_rollout_log_probs=false actor_rollout_ref.actor.rollout_correction.enable=true \
