@@ -26,7 +26,8 @@
 #   enginecmp      issue 27 item 6: scripts/bench_engine.py --no-hf --vllm --vllm-offline (native engine vs vLLM's own
 #                  LLM.generate, random Qwen2.5-0.5B shape, the same prompts and log-normal lengths) -> $OUT/engine_vllm_offline.*
 #   queue:P1,P2,.. run phases one after another in the background (setsid: they outlive the call while the machine
-#                  is held); wait:SECONDS waits for them, then copies what finished to $OUT
+#                  is held); wait:SECONDS waits for them, then copies what finished to $OUT, and NAME-partial.tar.gz
+#                  of each run still going
 # Each run: $STORE/NAME.tar.gz (console.log with a time.time() prefix on every line, launch_epoch, gpu_mem.csv:
 # nvidia-smi's used MiB every 0.5 s; verl: metrics.jsonl from its file logger; ours: tensorboard/, timeline.jsonl,
 # metrics.jsonl). Then here: python scripts/compare_verl.py --verl verl-1.tar.gz --ours ours-1.tar.gz --out bench/...
@@ -211,6 +212,11 @@ PY
         [ -f "$d/console.log" ] && echo "--- $(basename "$d"): $(grep -aoE "step:[0-9]+|\[ *[0-9]+\]" "$d/console.log" | tail -1)"
       done
       for f in "$STORE"/*.tar.gz; do [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"; done
+      for d in /tmp/runs/*/; do  # a run still going: what it has so far (a machine taken back mid-run loses the rest)
+        n=$(basename "$d")
+        [ -f "$STORE/$n.tar.gz" ] || (cd "$d" && tar czf "$OUT/$n-partial.tar.gz" --ignore-failed-read console.log \
+          launch_epoch gpu_mem.csv metrics.jsonl tensorboard timeline.jsonl 2>/dev/null)
+      done
       ls "$OUT" ;;
     *) echo "unknown phase $phase" >&2; status=2 ;;
   esac
