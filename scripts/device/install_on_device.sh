@@ -77,13 +77,6 @@ case "$cmd" in
     fi
     mkdir -p "$VSITE"
     cat "$CARRY"/verl_site.tar.xz.part* | tar xJf - -C "$VSITE"
-    # archives made before TransferQueue and pycountry joined prepare_verl.sh's list: their wheels come as .carry/v2
-    if [ ! -d "$VSITE/transfer_queue" ] || [ ! -d "$VSITE/pycountry" ]; then
-      extra=$(ls "$CARRY"/transferqueue-*.whl "$CARRY"/pycountry-*.whl 2>/dev/null)
-      [ -n "$extra" ] || { echo "this verl archive lacks transfer_queue/pycountry: run prepare_verl.sh again" >&2; exit 3; }
-      # shellcheck disable=SC2086
-      python3 -m pip install -q --no-index --no-deps --no-compile --target "$VSITE" $extra 2>&1 | grep -v "already exists" || true
-    fi
     echo "verl + deps unpacked into $VSITE: $(head -1 "$VSITE/VERL_CARRY_MANIFEST") (PYTHONPATH=$VSITE:/tmp/site:...)"
     ;;
   *)

@@ -29,8 +29,8 @@
 #                               transfer_queue.enable says (main_ppo.TaskRunnerV1.run, trainer/ppo/v1/*); its own needs
 #                               (pyzmq, msgspec, tensordict, ray, hydra) come with the other carries
 #   pycountry 26.2.16           vLLM's structured-output import of transformers 5.10's MistralCommonBackend loads
-#                               mistral_common -> pydantic_extra_types.language_code, which needs it (both found on the
-#                               GPU, 2026-11-27; before this, a separate .carry/v2 brought them)
+#                               mistral_common -> pydantic_extra_types.language_code, which needs it (both found
+#                               missing on the GPU, 2026-11-27)
 # Not here because another carry has them: Ray 2.60 (stripped), hydra-core, omegaconf, pyvers, jsonschema (.whl,
 # /work/shared/device/make_device_wheels.sh), vLLM 0.26.0 and pydantic, fastapi, starlette, openai ... (.carry/p1,
 # p2: prepare_vllm.sh). verl 0.9.1 accepts vLLM >= 0.18 (verl/third_party/vllm: no upper bound; its `vllm` extra

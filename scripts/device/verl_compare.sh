@@ -24,7 +24,8 @@
 #                  its drawn length (ours: rollout.ignore_eos + extra_info.target_lengths; verl: the
 #                  forced_length_agent loop, scripts/device/verl_forced_length.py)
 #   enginecmp      issue 27 item 6: scripts/bench_engine.py --no-hf --vllm --vllm-offline (native engine vs vLLM's own
-#                  LLM.generate, random Qwen2.5-0.5B shape, the same prompts and log-normal lengths) -> $OUT/engine_vllm_offline.*
+#                  LLM.generate, random Qwen2.5-0.5B shape, the same prompts and log-normal lengths) ->
+#                  engine_vllm_offline.{json,log}, which the next wait: phase sends (run alone: enginecmp wait:1)
 #   queue:P1,P2,.. run phases one after another in the background (setsid: they outlive the call while the machine
 #                  is held); wait:SECONDS waits for them, then copies what finished to $OUT, and NAME-partial.tar.gz
 #                  of each run still going
@@ -59,6 +60,12 @@ stamp() {  # every line of stdin with the time.time() it arrived
   python3 -u -c 'import sys, time
 for line in sys.stdin:
     sys.stdout.write(f"{time.time():.3f} {line}"); sys.stdout.flush()'
+}
+
+send_finished() {  # copy to $OUT what finished in $STORE and was not sent yet (wait: only: a queued phase's $OUT is gone)
+  for f in "$STORE"/*.tar.gz "$STORE"/engine_vllm_offline.json "$STORE"/engine_vllm_offline.log; do
+    [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"
+  done
 }
 
 launch() {  # launch NAME ENV_PYTHONPATH CMD...: timed, timestamped, GPU memory sampled, archived
@@ -189,8 +196,7 @@ PY
       PYTHONPATH=$OURS_PATH timeout --kill-after=15 "${ENGINE_LIMIT:-420}" python3 scripts/bench_engine.py --device cuda \
         --no-hf --vllm --vllm-offline --batches "${ENGINE_BATCHES:-1,16,64,256}" --out "$STORE/engine_vllm_offline.json" \
         > "$STORE/engine_vllm_offline.log" 2>&1 || status=1
-      grep -vE "it/s]|INFO|WARNING" "$STORE/engine_vllm_offline.log" | tail -n 25
-      cp "$STORE/engine_vllm_offline.json" "$STORE/engine_vllm_offline.log" "$OUT/" 2>/dev/null ;;
+      grep -vE "it/s]|INFO|WARNING" "$STORE/engine_vllm_offline.log" | tail -n 25 ;;
     verl:*) verl_run "verl-${phase#verl:}${RUN_TAG:+-$RUN_TAG}" "${phase#verl:}" 0 ;;
     ours:*) ours_run "ours-${phase#ours:}${RUN_TAG:+-$RUN_TAG}" "${phase#ours:}" 0 ;;
     oursblock:*) VAL_ASYNC=false ours_run "ours-${phase#oursblock:}-blockval" "${phase#oursblock:}" 0 ;;
@@ -211,10 +217,10 @@ PY
       for d in /tmp/runs/*/; do
         [ -f "$d/console.log" ] && echo "--- $(basename "$d"): $(grep -aoE "step:[0-9]+|\[ *[0-9]+\]" "$d/console.log" | tail -1)"
       done
-      for f in "$STORE"/*.tar.gz; do [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"; done
-      for d in /tmp/runs/*/; do  # a run still going: what it has so far (a machine taken back mid-run loses the rest)
+      send_finished
+      for d in /tmp/runs/*/; do  # a run of this script still going: what it has so far (a machine taken back mid-run loses the rest)
         n=$(basename "$d")
-        [ -f "$STORE/$n.tar.gz" ] || (cd "$d" && tar czf "$OUT/$n-partial.tar.gz" --ignore-failed-read console.log \
+        [ -f "$d/launch_epoch" ] && [ ! -f "$STORE/$n.tar.gz" ] && (cd "$d" && tar czf "$OUT/$n-partial.tar.gz" --ignore-failed-read console.log \
           launch_epoch gpu_mem.csv metrics.jsonl tensorboard timeline.jsonl 2>/dev/null)
       done
       ls "$OUT" ;;

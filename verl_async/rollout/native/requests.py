@@ -44,6 +44,7 @@ def request_problem(request: GenerateRequest, vocab: int, max_model_len: int) ->
         )
     return None
 
+
 def rejected(request: GenerateRequest, problem: str) -> GenerateResult:
     """The answer to a request the engine refused: its prefix back unchanged (a continuation loses nothing)."""
     return GenerateResult(
