@@ -34,7 +34,11 @@ def train_file(tmp_path_factory) -> str:
     return str(path)
 
 
-def run_metrics(tmp_path, model_dir: str, train_file: str, on: bool) -> list[dict]:
+ON_POLICY = ["async_training.staleness_threshold=0", "async_training.partial_rollout=false"]
+FULLY_ASYNC = ["async_training.staleness_threshold=0.5", "async_training.partial_rollout=true"]
+
+
+def run_metrics(tmp_path, model_dir: str, train_file: str, on: bool, schedule: list[str] = ON_POLICY) -> list[dict]:
     run_dir = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "recipe.fully_async_main",
@@ -43,8 +47,7 @@ def run_metrics(tmp_path, model_dir: str, train_file: str, on: bool) -> list[dic
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.temperature=0.9",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.actor.optim.lr=1e-3", f"rollout.total_rollout_steps={2 * STEPS}",
-        "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
-        "async_training.partial_rollout=false", "async_training.use_rollout_log_probs=false",
+        *schedule, "async_training.trigger_parameter_sync_step=1", "async_training.use_rollout_log_probs=false",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.logger=[file]",
         f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={tmp_path / 'hydra'}", "ray_init.num_cpus=4",
         f"actor_rollout_ref.rollout.true_on_policy={str(on).lower()}",
@@ -69,3 +72,12 @@ def test_rollout_and_recomputed_log_probs_are_equal_at_every_step(tmp_path, tiny
 def test_with_the_mode_off_the_same_run_shows_a_gap(tmp_path, tiny_model_dir, train_file):
     steps = run_metrics(tmp_path, tiny_model_dir, train_file, on=False)
     assert max(m["mismatch/train_rollout_logprob_abs_diff_max"] for m in steps) > 0.0
+
+
+def test_fully_async_tokens_of_the_trainers_version_are_equal(tmp_path, tiny_model_dir, train_file):
+    steps = run_metrics(tmp_path, tiny_model_dir, train_file, on=True, schedule=FULLY_ASYNC)
+    measured = [m for m in steps if "mismatch/same_version_logprob_abs_diff_max" in m]
+    assert measured, "no step trained on a token of its own version"
+    for m in measured:
+        assert m["mismatch/same_version_logprob_abs_diff_max"] == 0.0, m
+        assert m["actor/first_minibatch_ratio_dev_max"] == 0.0, m

@@ -133,6 +133,39 @@ def test_recomputed_step_holds_every_key_update_needs():
     assert {"advantages", "ref_log_prob"} <= set(batch.keys())
 
 
+class StaleTokensOnly(ForwardPasses):
+    """Recomputes exactly the rollout's log-probs on tokens of version 1 and GAP lower on older ones:
+    what true on-policy mode gives in a fully async run where the trainer holds version 1."""
+
+    def compute_log_prob(self, batch, calculate_entropy=False):
+        stale = (batch["token_versions"] == 0) & batch["response_mask"].bool()
+        old = batch["rollout_log_probs"] - GAP * stale
+        return old, torch.ones_like(old)
+
+
+def test_same_version_metrics_separate_the_kernels_gap_from_policy_drift():
+    batch = make_batch(groups=2, n=2, seed=3, response_len=(4, 6))
+    mask = batch["response_mask"].bool()
+    versions = torch.where(mask, torch.ones_like(batch["token_versions"]), batch["token_versions"])
+    versions[0, :2] = 0  # two tokens of row 0 were sampled by version 0, the rest by version 1
+    batch["token_versions"] = versions
+    metrics, _ = prepare_batch(batch, algorithm(), StaleTokensOnly(), kl_coef=0.0, version=1)
+    assert metrics["mismatch/train_rollout_logprob_abs_diff_max"] == pytest.approx(GAP)
+    assert metrics["mismatch/train_rollout_logprob_abs_diff"] == pytest.approx(2 * GAP / int(mask.sum()))
+    assert metrics["mismatch/same_version_logprob_abs_diff_max"] == 0.0
+    assert metrics["mismatch/same_version_logprob_abs_diff"] == 0.0
+    assert metrics["mismatch/same_version_token_frac"] == pytest.approx(1 - 2 / int(mask.sum()))
+
+
+def test_same_version_metrics_are_absent_when_no_token_has_the_trainers_version():
+    batch = make_batch(groups=2, n=2, seed=3)  # every token of version 0
+    metrics, _ = prepare_batch(batch, algorithm(), ForwardPasses(), kl_coef=0.0, version=2)
+    assert metrics["mismatch/same_version_token_frac"] == 0.0
+    assert "mismatch/same_version_logprob_abs_diff_max" not in metrics
+    metrics, _ = prepare_batch(make_batch(groups=2, n=2, seed=3), algorithm(), ForwardPasses(), kl_coef=0.0)
+    assert not [k for k in metrics if "same_version" in k]  # no version given: not split
+
+
 def test_bypass_step_uses_the_rollout_log_probs_and_the_response_mask():
     batch = make_batch(groups=2, n=2, seed=2)
     passes = ForwardPasses()

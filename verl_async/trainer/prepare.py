@@ -82,15 +82,30 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
-def mismatch_metrics(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """How far the recomputed old log-probs are from the rollout's (only measured when recomputed)."""
+def mismatch_metrics(
+    old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, same_version: Optional[torch.Tensor] = None
+) -> dict[str, float]:
+    """How far the recomputed old log-probs are from the rollout's (only measured when recomputed).
+
+    Under asynchrony the gap has two parts: policy drift (a token sampled by an older version than
+    the trainer's) and the kernels' train/inference mismatch. `same_version` (tokens sampled by the
+    weights the trainer recomputes with) isolates the second: `mismatch/same_version_*` is what true
+    on-policy mode makes exactly 0 in a fully async run. Absent when no such token is in the batch.
+    """
     diff = (old - rollout).abs()
     r = rollout - old
-    return {
+    out = {
         "mismatch/train_rollout_logprob_abs_diff": _masked_mean(diff, mask),
         "mismatch/train_rollout_logprob_abs_diff_max": float((diff * mask).max()) if mask.any() else 0.0,
         "mismatch/k3_kl": _masked_mean(torch.exp(r) - r - 1, mask),
     }
+    if same_version is not None:
+        same = mask.bool() & same_version
+        out["mismatch/same_version_token_frac"] = float(same.sum()) / max(int(mask.bool().sum()), 1)
+        if same.any():
+            out["mismatch/same_version_logprob_abs_diff"] = float(diff[same].mean())
+            out["mismatch/same_version_logprob_abs_diff_max"] = float(diff[same].max())
+    return out
 
 
 def next_kl_coef(kind: str, coef: float, current_kl: float, *, target_kl: float, horizon: int, n_steps: int) -> float:
@@ -179,11 +194,13 @@ def prepare_batch(
     group: LogProbSource,
     kl_coef: float,
     logprob_span: Callable[[], ContextManager] = contextlib.nullcontext,
+    version: Optional[int] = None,
 ) -> tuple[dict[str, float], float]:
     """Adds `old_log_probs`, `ref_log_prob` (when used), `advantages`, `loss_mask` and
     `is_weights` (correction on) to the batch in place; returns (metrics, next KL coefficient).
 
-    `logprob_span` wraps the old log-prob forward (the Trainer's timeline span).
+    `logprob_span` wraps the old log-prob forward (the Trainer's timeline span); `version` is the
+    trainer's weight version, which with the batch's `token_versions` splits the mismatch metrics.
     """
     mask = batch["response_mask"]
     metrics: dict[str, float] = {}
@@ -193,7 +210,10 @@ def prepare_batch(
             # entropy comes with the same forward (verl logs it from here too)
             old, entropy = group.compute_log_prob(batch, calculate_entropy=True)
         metrics["actor/entropy"] = _masked_mean(entropy, mask)
-        metrics.update(mismatch_metrics(old, rollout, mask))
+        same_version = None
+        if version is not None and "token_versions" in batch.keys():
+            same_version = batch["token_versions"] == version
+        metrics.update(mismatch_metrics(old, rollout, mask, same_version))
     else:
         old = rollout.clone()
     batch["old_log_probs"] = old

@@ -516,7 +516,8 @@ class Trainer:
             f.write(json.dumps({"step": self.step, "version": self.version, "uids": [g.uid for g in groups]}) + "\n")
         if self.wg is None:  # rollout-only
             return metrics
-        prepared, self.kl_coef = prepare_batch(batch, self.algorithm, self.wg, self.kl_coef, self._logprob_span)
+        prepared, self.kl_coef = prepare_batch(batch, self.algorithm, self.wg, self.kl_coef, self._logprob_span,
+                                                 version=self.version)
         metrics.update(prepared)
         t1 = time.perf_counter()
         metrics.update(self.wg.update(update_input(batch, self.algorithm.recompute_old_log_probs)))
