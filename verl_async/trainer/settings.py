@@ -24,6 +24,7 @@ from verl_async.trainer.token_budget import CPU_TOKENS
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 LR_SCHEDULERS = ("constant", "cosine")
+WORKER_TIMEOUT_S = 1800.0  # trainer.worker_timeout_s when a config leaves it out (the Trainer reads it too)
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2", "varlen")
 _DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
            "fp32": "float32", "float32": "float32"}
@@ -314,7 +315,7 @@ class TrainerSettings:
             ref_log_prob_use_dynamic_bsz=bool(g(f"{ref}.log_prob_use_dynamic_bsz", False)),
             ref_log_prob_max_token_len_per_gpu=_budget(
                 f"{ref}.log_prob_max_token_len_per_gpu", g(f"{ref}.log_prob_max_token_len_per_gpu", None), device),
-            worker_timeout_s=float(g("trainer.worker_timeout_s", 1800)),
+            worker_timeout_s=float(g("trainer.worker_timeout_s", WORKER_TIMEOUT_S)),
             max_ckpt_to_keep=g("trainer.max_actor_ckpt_to_keep", None),
             use_torch_compile=use_torch_compile,
             ref_use_torch_compile=(use_torch_compile if ref_compile is None

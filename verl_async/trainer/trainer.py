@@ -42,6 +42,7 @@ from verl_async.staleness import exceeds_max_staleness
 from verl_async.sync import TIMEOUT_KEY as SYNC_TIMEOUT_KEY
 from verl_async.sync import build_sync_from_config, sync_timeout_s
 from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
+from verl_async.trainer.settings import WORKER_TIMEOUT_S
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.tracking import Tracker
 from verl_async.utils.val_generations import VAL_GENERATIONS_KEY
@@ -114,7 +115,7 @@ class Trainer:
         group_source: Optional[Callable[[int], Optional[list[RolloutSample]]]] = None,
     ) -> None:
         self.cfg = cfg
-        self.call_timeout_s = float(cfg.trainer.get("worker_timeout_s", 1800))  # the default of trainer/settings.py too
+        self.call_timeout_s = float(cfg.trainer.get("worker_timeout_s", WORKER_TIMEOUT_S))
         self.queue = queue
         self.rollouter = rollouter
         self.run_dir = run_dir
