@@ -24,14 +24,14 @@
 #                  its drawn length (ours: rollout.ignore_eos + extra_info.target_lengths; verl: the
 #                  forced_length_agent loop, scripts/device/verl_forced_length.py); verlbench needs
 #                  VERL_MICRO_TOKENS=4096 VERL_MEM=0.4 on an H100 (16384-token padded micro-batches run out of memory)
-# verl's settings from the environment: VERL_MICRO_TOKENS (actor/log-prob/ref max token length per GPU, 16384),
-# VERL_MEM (vLLM gpu_memory_utilization, 0.5)
 #   enginecmp      issue 27 item 6: scripts/bench_engine.py --no-hf --vllm --vllm-offline (native engine vs vLLM's own
 #                  LLM.generate, random Qwen2.5-0.5B shape, the same prompts and log-normal lengths) ->
 #                  engine_vllm_offline.{json,log}, which the next wait: phase sends (run alone: enginecmp wait:1)
 #   queue:P1,P2,.. run phases one after another in the background (setsid: they outlive the call while the machine
 #                  is held); wait:SECONDS waits for them, then copies what finished to $OUT, and NAME-partial.tar.gz
 #                  of each run still going
+# verl's settings from the environment: VERL_MICRO_TOKENS (actor/log-prob/ref max token length per GPU, 16384),
+# VERL_MEM (vLLM gpu_memory_utilization, 0.5)
 # Each run: $STORE/NAME.tar.gz (console.log with a time.time() prefix on every line, launch_epoch, gpu_mem.csv:
 # nvidia-smi's used MiB every 0.5 s; verl: metrics.jsonl from its file logger; ours: tensorboard/, timeline.jsonl,
 # metrics.jsonl). Then here: python scripts/compare_verl.py --verl verl-1.tar.gz --ours ours-1.tar.gz --out bench/...
@@ -52,6 +52,7 @@ STEPS=${STEPS:-96}
 TEST_FREQ=${TEST_FREQ:-8}
 BENCH_STEPS=${BENCH_STEPS:-16}
 LIMIT=${RUN_LIMIT:-1500}
+VERL_MICRO=${VERL_MICRO_TOKENS:-16384}   # verl's actor, old log-prob and ref max tokens per micro-batch
 # verl's default attention is flash_attention_2 and its packed (remove-padding) path needs it; the flash-attn
 # package has no wheel for the image's torch 2.11 + CUDA 13 on the registry, so verl runs SDPA on padded batches
 VERL_ATTN=(+actor_rollout_ref.model.override_config.attn_implementation=sdpa actor_rollout_ref.model.use_remove_padding=False)
@@ -113,7 +114,7 @@ verl_run() {  # verl_run NAME SEED BENCH(0|1)
     "${VERL_ATTN[@]}" actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2 \
     actor_rollout_ref.actor.fsdp_config.strategy=fsdp2 actor_rollout_ref.ref.fsdp_config.strategy=fsdp2 \
     actor_rollout_ref.actor.optim.lr=1e-5 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
-    actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=${VERL_MICRO_TOKENS:-16384} \
+    actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$VERL_MICRO \
     actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001 \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0 \
     actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
@@ -121,8 +122,8 @@ verl_run() {  # verl_run NAME SEED BENCH(0|1)
     actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.gpu_memory_utilization=${VERL_MEM:-0.5} actor_rollout_ref.rollout.n=8 \
     actor_rollout_ref.rollout.seed=$seed actor_rollout_ref.rollout.max_num_seqs=256 \
-    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=${VERL_MICRO_TOKENS:-16384} \
-    actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=${VERL_MICRO_TOKENS:-16384} \
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$VERL_MICRO \
+    actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$VERL_MICRO \
     reward.custom_reward_function.path=$PWD/scripts/device/verl_reward.py reward.custom_reward_function.name=compute_score \
     "trainer.logger=[console,file]" trainer.project_name=verl_compare trainer.experiment_name="$name" \
     trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.save_freq=-1 trainer.resume_mode=disable \

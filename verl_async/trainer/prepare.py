@@ -103,7 +103,7 @@ def mismatch_metrics(
         same = mask.bool() & same_version
         out["mismatch/same_version_token_frac"] = float(same.sum()) / max(int(mask.bool().sum()), 1)
         if same.any():
-            out["mismatch/same_version_logprob_abs_diff"] = float(diff[same].mean())
+            out["mismatch/same_version_logprob_abs_diff"] = _masked_mean(diff, same)
             out["mismatch/same_version_logprob_abs_diff_max"] = float(diff[same].max())
     return out
 

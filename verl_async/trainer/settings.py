@@ -24,7 +24,7 @@ from verl_async.trainer.token_budget import CPU_TOKENS
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 LR_SCHEDULERS = ("constant", "cosine")
-WORKER_TIMEOUT_S = 1800.0  # trainer.worker_timeout_s when a config leaves it out (the Trainer reads it too)
+WORKER_TIMEOUT_S = 1800.0  # config/fully_async_ppo_trainer.yaml's trainer.worker_timeout_s, for configs built without it
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2", "varlen")
 _DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
            "fp32": "float32", "float32": "float32"}
