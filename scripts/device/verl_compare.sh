@@ -51,7 +51,9 @@ BENCH=/tmp/bench
 STEPS=${STEPS:-96}
 TEST_FREQ=${TEST_FREQ:-8}
 BENCH_STEPS=${BENCH_STEPS:-16}
-LIMIT=${RUN_LIMIT:-1500}
+# each run's limit: 96 verl steps took 1235 s on one H100 host and would take ~1570 s on a slower one (2026-11-27);
+# a session's 1800 s of device time leave ~1600 s after the stash calls and setup
+LIMIT=${RUN_LIMIT:-1590}
 VERL_MICRO=${VERL_MICRO_TOKENS:-16384}   # verl's actor, old log-prob and ref max tokens per micro-batch
 # verl's default attention is flash_attention_2 and its packed (remove-padding) path needs it; the flash-attn
 # package has no wheel for the image's torch 2.11 + CUDA 13 on the registry, so verl runs SDPA on padded batches
@@ -219,7 +221,7 @@ PY
       while running && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 10; done
       tail -n 30 "$STORE"/queue-*.log
       for d in /tmp/runs/*/; do
-        [ -f "$d/console.log" ] && echo "--- $(basename "$d"): $(grep -aoE "step:[0-9]+|\[ *[0-9]+\]" "$d/console.log" | tail -1)"
+        [ -f "$d/console.log" ] && echo "--- $(basename "$d"): $(grep -aoE "(^| )step:[0-9]+|\[ *[0-9]+\]" "$d/console.log" | tail -1 | tr -d ' ')"
       done
       send_finished
       for d in /tmp/runs/*/; do  # a run of this script still going: what it has so far (a machine taken back mid-run loses the rest)
