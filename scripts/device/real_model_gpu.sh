@@ -36,7 +36,8 @@
 #   queue:P1,P2,...  run phases P1, P2 ... (e.g. train:sync-1,engine) one after another in the background;
 #                    a second queue: phase runs beside the first (on the same GPU: fine for checks, not for timings)
 #                    (setsid: they outlive the call while the machine is held), results in $STORE
-#   wait:SECONDS     wait for the queue (at most SECONDS), then copy what finished since the last wait to $OUT
+#   wait:SECONDS     wait for the queue (at most SECONDS), then copy what finished since the last wait to $OUT,
+#                    and NAME-partial.tar.gz of each run still going (scripts/device/queue.sh)
 # Each run: $STORE/NAME.tar.gz (console.log, tensorboard/, timeline.jsonl/.html, rollout/, config.yaml).
 # STEPS (default 32 trainer steps of 16 prompts x 8 responses), TEST_FREQ (8), LR (1e-5), PROMPT_LEN override;
 # MICRO_TOKENS (ppo_max_token_len_per_gpu, 16384), TRAIN_EXTRA (more key=value overrides), RUN_TAG (run name suffix);
@@ -46,7 +47,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/real_model_out}
 STORE=/tmp/real_model_store
-mkdir -p "$OUT" "$STORE"
+RUNS=/tmp/runs/real_model
+mkdir -p "$OUT" "$STORE" "$RUNS"
+# shellcheck source=scripts/device/queue.sh
+source scripts/device/queue.sh
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
 export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
@@ -88,8 +92,8 @@ train() {  # train [vllm-]MODE SEED
   if [ "$vllm" = 1 ]; then  # vLLM beside the trainer: a bounded share of the GPU
     engine="actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.gpu_memory_utilization=${VLLM_MEM:-0.3}"
   fi
-  local dir=/tmp/runs/$name t0=$SECONDS
-  rm -rf "$dir" && mkdir -p "$dir"
+  local dir t0=$SECONDS
+  dir=$(run_dir "$name")
   echo "=== train $name ($layout; limit ${TRAIN_LIMIT:-900}s)"
   # shellcheck disable=SC2086
   timeout --kill-after=15 "${TRAIN_LIMIT:-900}" python3 -m recipe.fully_async_main \
@@ -131,13 +135,13 @@ tools_train() {  # tools_train MODE SEED: multi-turn runs of issue 23 (items 8 a
   esac
   if [ "$mode" != learn ]; then
     local learned
-    learned=$(ls -d /tmp/runs/tools-learn-"$seed"/global_step_*/actor/huggingface 2>/dev/null | sort -V | tail -1)
+    learned=$(ls -d "$RUNS/tools-learn-$seed"/global_step_*/actor/huggingface 2>/dev/null | sort -V | tail -1)
     model=${TOOLS_MODEL:-${learned:-$MODEL}}
   fi
   [ -f "$TOOLS_DATA/train.parquet" ] || python3 -m data_preprocess.arithmetic_tools --local_dir "$TOOLS_DATA" \
       --train_size 5000 --test_size 300 >/dev/null 2>&1 || { status=1; return; }
-  local dir=/tmp/runs/$name t0=$SECONDS
-  rm -rf "$dir" && mkdir -p "$dir"
+  local dir t0=$SECONDS
+  dir=$(run_dir "$name")
   echo "=== tools $name (model $model; limit ${TRAIN_LIMIT:-900}s)"
   # shellcheck disable=SC2086
   timeout --kill-after=15 "${TRAIN_LIMIT:-900}" python3 -m recipe.fully_async_main \
@@ -182,27 +186,16 @@ PY
       python3 -m data_preprocess.arithmetic --local_dir $DATA --train_size 5000 --test_size 300 || status=1
       if [ -f .carry/gsm8k/train.parquet ]; then mkdir -p $GSM8K && cp .carry/gsm8k/*.parquet $GSM8K/; fi
       [ -f $GSM8K/train.parquet ] || echo "no GSM8K parquet (carry .carry/gsm8k): gsm8k runs unavailable" ;;
-    queue:*)
-      runs=${phase#queue:}
-      # shellcheck disable=SC2046
-      n=$(cat "$STORE"/queue.pids 2>/dev/null | wc -l)
-      setsid nohup bash scripts/device/real_model_gpu.sh ${runs//,/ } \
-        > "$STORE/queue-$n.log" 2>&1 < /dev/null &
-      echo $! >> "$STORE/queue.pids"
-      echo "queued: $runs (pid $!, log queue-$n.log; queues run side by side)" ;;
-    wait:*)
-      limit=${phase#wait:} t0=$SECONDS
-      running() { for p in $(cat "$STORE/queue.pids" 2>/dev/null); do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
-      while running && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 10; done
-      tail -n 40 "$STORE"/queue-*.log
-      for d in /tmp/runs/*/; do  # where each run stands
+    queue:*) queue_start scripts/device/real_model_gpu.sh "${phase#queue:}" ;;
+    wait:*)  # a queued phase's $OUT is gone with its call: what it made comes back here
+      queue_wait "${phase#wait:}" 40
+      for d in "$RUNS"/*/; do  # where each run stands
         [ -f "$d/console.log" ] || continue
         echo "--- $(basename "$d"): $(tr '\r' '\n' < "$d/console.log" | grep -a "training:" | tail -n 1 | cut -c1-150)"
         tr '\r' '\n' < "$d/console.log" | grep -aE "val/mean@1/acc|run failed|Error" | tail -n 3 | cut -c1-300
       done
-      for f in "$STORE"/*.tar.gz "$STORE"/*.json "$STORE"/engine*.log "$STORE"/ipc_test.log "$STORE"/*.console.log; do
-        [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"
-      done
+      send_finished "$STORE"/*.tar.gz "$STORE"/*.json "$STORE"/engine*.log "$STORE"/ipc_test.log "$STORE"/*.console.log
+      send_partial console.log tensorboard timeline.jsonl config.yaml
       ls "$OUT" ;;
     readme:*)  # a README command exactly as a user runs it (python = this image's python3)
       name=${phase#readme:}

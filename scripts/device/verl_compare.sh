@@ -39,7 +39,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/verl_compare_out}
 STORE=/tmp/verl_compare_store
-mkdir -p "$OUT" "$STORE"
+RUNS=/tmp/runs/verl_compare
+mkdir -p "$OUT" "$STORE" "$RUNS"
+# shellcheck source=scripts/device/queue.sh
+source scripts/device/queue.sh
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
 export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
 export VLLM_USE_FLASHINFER_SAMPLER=0   # the carried vLLM has no flashinfer (stripped)
@@ -68,16 +71,10 @@ for line in sys.stdin:
     sys.stdout.write(f"{time.time():.3f} {line}"); sys.stdout.flush()'
 }
 
-send_finished() {  # copy to $OUT what finished in $STORE and was not sent yet (wait: only: a queued phase's $OUT is gone)
-  for f in "$STORE"/*.tar.gz "$STORE"/engine_vllm_offline.json "$STORE"/engine_vllm_offline.log; do
-    [ -f "$f" ] && [ ! -f "$f.sent" ] && cp "$f" "$OUT/" && touch "$f.sent"
-  done
-}
-
 launch() {  # launch NAME ENV_PYTHONPATH CMD...: timed, timestamped, GPU memory sampled, archived
   local name=$1 path=$2; shift 2
-  local dir=/tmp/runs/$name t0=$SECONDS
-  rm -rf "$dir" && mkdir -p "$dir"
+  local dir t0=$SECONDS
+  dir=$(run_dir "$name")
   echo "=== $name (limit ${LIMIT}s)"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$dir/gpu_mem.csv" 2>/dev/null &
   local sampler=$!
@@ -129,7 +126,7 @@ verl_run() {  # verl_run NAME SEED BENCH(0|1)
     reward.custom_reward_function.path=$PWD/scripts/device/verl_reward.py reward.custom_reward_function.name=compute_score \
     "trainer.logger=[console,file]" trainer.project_name=verl_compare trainer.experiment_name="$name" \
     trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.save_freq=-1 trainer.resume_mode=disable \
-    trainer.total_training_steps="$steps" trainer.total_epochs=1000 trainer.default_local_dir=/tmp/runs/$name/ckpt \
+    trainer.total_training_steps="$steps" trainer.total_epochs=1000 trainer.default_local_dir=$RUNS/$name/ckpt \
     "${extra[@]}" ${VERL_EXTRA:-}
 }
 
@@ -157,8 +154,8 @@ ours_run() {  # ours_run NAME SEED BENCH(0|1)
     async_training.trigger_parameter_sync_step=1 async_training.staleness_threshold=0.5 \
     async_training.partial_rollout=true rollout.total_rollout_steps=$((steps * 16)) \
     trainer.total_training_steps=$steps trainer.val_async=${VAL_ASYNC:-true} "trainer.logger=[console,tensorboard,file]" \
-    trainer.project_name=verl_compare trainer.experiment_name="$name" trainer.default_local_dir=/tmp/runs/$name \
-    hydra.run.dir=/tmp/runs/$name/hydra "${extra[@]}" ${OURS_EXTRA:-}
+    trainer.project_name=verl_compare trainer.experiment_name="$name" trainer.default_local_dir=$RUNS/$name \
+    hydra.run.dir=$RUNS/$name/hydra "${extra[@]}" ${OURS_EXTRA:-}
 }
 
 for phase in "$@"; do
@@ -208,27 +205,14 @@ PY
     oursblock:*) VAL_ASYNC=false ours_run "ours-${phase#oursblock:}-blockval" "${phase#oursblock:}" 0 ;;
     verlbench:*) verl_run "verlbench-${phase#verlbench:}${RUN_TAG:+-$RUN_TAG}" "${phase#verlbench:}" 1 ;;
     oursbench:*) ours_run "oursbench-${phase#oursbench:}${RUN_TAG:+-$RUN_TAG}" "${phase#oursbench:}" 1 ;;
-    queue:*)
-      runs=${phase#queue:}
-      n=$(cat "$STORE"/queue.pids 2>/dev/null | wc -l)
-      # shellcheck disable=SC2086
-      setsid nohup bash scripts/device/verl_compare.sh ${runs//,/ } > "$STORE/queue-$n.log" 2>&1 < /dev/null &
-      echo $! >> "$STORE/queue.pids"
-      echo "queued: $runs (pid $!, log queue-$n.log)" ;;
-    wait:*)
-      limit=${phase#wait:} t0=$SECONDS
-      running() { for p in $(cat "$STORE/queue.pids" 2>/dev/null); do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
-      while running && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 10; done
-      tail -n 30 "$STORE"/queue-*.log
-      for d in /tmp/runs/*/; do
+    queue:*) queue_start scripts/device/verl_compare.sh "${phase#queue:}" ;;
+    wait:*)  # a queued phase's $OUT is gone with its call: what it made comes back here
+      queue_wait "${phase#wait:}" 30
+      for d in "$RUNS"/*/; do
         [ -f "$d/console.log" ] && echo "--- $(basename "$d"): $(grep -aoE "(^| )step:[0-9]+|\[ *[0-9]+\]" "$d/console.log" | tail -1 | tr -d ' ')"
       done
-      send_finished
-      for d in /tmp/runs/*/; do  # a run of this script still going: what it has so far (a machine taken back mid-run loses the rest)
-        n=$(basename "$d")
-        [ -f "$d/launch_epoch" ] && [ ! -f "$STORE/$n.tar.gz" ] && (cd "$d" && tar czf "$OUT/$n-partial.tar.gz" --ignore-failed-read console.log \
-          launch_epoch gpu_mem.csv metrics.jsonl tensorboard timeline.jsonl 2>/dev/null)
-      done
+      send_finished "$STORE"/*.tar.gz "$STORE"/engine_vllm_offline.json "$STORE"/engine_vllm_offline.log
+      send_partial console.log launch_epoch gpu_mem.csv metrics.jsonl tensorboard timeline.jsonl
       ls "$OUT" ;;
     *) echo "unknown phase $phase" >&2; status=2 ;;
   esac
