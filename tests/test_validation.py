@@ -23,6 +23,7 @@ from verl_async.reward.manager import Reward as RewardManagerResult
 from verl_async.rollout.engine import SamplingParams
 from verl_async.rollout.validation import ScoredPrompt, ValidationError, Validator, validation_metrics
 from verl_async.trainer.trainer import VALIDATION_GRACE_S, Trainer
+from verl_async.utils.busy_clock import BusyClock
 from verl_async.utils.timeline import Timeline
 
 
@@ -103,6 +104,31 @@ def test_failed_scores_are_left_out_not_counted_as_wrong_answers(tmp_path):
     # per prompt: a failure (left out), one right, one wrong answer -> mean 1/2 (not 1/3), pass 1
     assert out["val/mean@3/acc"] == pytest.approx(0.5) and out["val/pass@3/acc"] == 1.0
     assert out["val/reward_errors"] == 4.0 and out["val/missing_samples"] == 4.0 and out["val/failed_requests"] == 0
+
+
+class SlowEngine(FakeEngine):
+    """Every request takes `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def generate(self, request):
+        await asyncio.sleep(self.seconds)
+        return await super().generate(request)
+
+
+def test_validation_keeps_the_engines_busy_once_not_once_per_request(tmp_path):
+    """rollout/idle_ratio counts validation: 8 requests of 0.3 s at once are 0.3 s busy, not 2.4 s."""
+    clock = BusyClock()
+    check = Validator(prompts(4), Reward(), SamplingParams(max_tokens=8, seed=1), k=2, max_num_seqs=8,
+                      timeline=Timeline(str(tmp_path / "timeline.jsonl"), time.time()), timeout_s=30,
+                      engine_busy=clock)
+    t0 = time.monotonic()
+    asyncio.run(check.run([SlowEngine(0.3)], version=0))
+    wall = time.monotonic() - t0
+    assert clock.running == 0
+    assert 0.3 <= clock.closed_s <= wall < 2.4
 
 
 class HangingEngine(FakeEngine):

@@ -55,6 +55,7 @@ from verl_async.rollout.task import (  # noqa: F401 - the Rollouter's contract, 
 )
 from verl_async.rollout.watchdog import ProgressWatchdog
 from verl_async.staleness import StalenessBudget
+from verl_async.utils.busy_clock import BusyClock
 from verl_async.utils.timeline import Timeline
 
 logger = logging.getLogger("verl_async.rollouter")
@@ -120,8 +121,10 @@ class Rollouter:
         self.engine_capacity = [max(1, int(c)) for c in (engine_capacity or [1] * len(self.engines))]
         if len(self.engine_capacity) != len(self.engines):
             raise ValueError(f"engine_capacity has {len(self.engine_capacity)} entries for {len(self.engines)} engines")
-        self.replica_busy_s = [0.0] * len(self.engines)  # time with >= 1 request on the replica
-        self._replica_busy_since: list[Optional[float]] = [None] * len(self.engines)
+        self.replica_busy = [BusyClock() for _ in self.engines]  # time with >= 1 generation request on the replica
+        self.generation_busy = BusyClock()  # time with >= 1 generation request on any replica (counters.busy_time_s)
+        # time with >= 1 request of any kind on an engine: generation and validation (rollout/idle_ratio)
+        self.engine_busy = BusyClock()
         self.group_latencies: collections.deque[float] = collections.deque(maxlen=10000)  # submit -> finish, s
         self._open = asyncio.Event()  # set = generation allowed (not inside a sync)
         self._open.set()
@@ -130,7 +133,6 @@ class Rollouter:
         self._idle = asyncio.Event()
         self._idle.set()
         self._stop = False
-        self._busy_since: Optional[float] = None
         self._last_event = time.monotonic()  # a group started or ended, a sync reopened the budget
         self._failure: Optional[BaseException] = None
         self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
@@ -457,14 +459,8 @@ class Rollouter:
             )
 
     def replica_busy_seconds(self) -> list[float]:
-        """Per replica: seconds with at least one request on it (the current busy span included)."""
-        now = time.monotonic()
-        return [b + (now - s if s is not None else 0.0) for b, s in zip(self.replica_busy_s, self._replica_busy_since)]
-
-    def busy_seconds(self) -> float:
-        """Time with at least one request on an engine, the running busy span included."""
-        running = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
-        return self.counters.busy_time_s + running
+        """Per replica: seconds with at least one generation request on it (the current busy span included)."""
+        return [clock.seconds() for clock in self.replica_busy]
 
     def _request_serial(self) -> int:
         self._serial += 1
@@ -472,25 +468,20 @@ class Rollouter:
 
     def _request_started(self, idx: int, request_id: str) -> None:
         self._requests_on[idx][request_id] = time.monotonic()
-        if len(self._requests_on[idx]) == 1:
-            self._replica_busy_since[idx] = time.monotonic()
+        for clock in (self.replica_busy[idx], self.generation_busy, self.engine_busy):
+            clock.start()
         self._running_requests += 1
         if self._running_requests == 1:
             self._idle.clear()
-            self._busy_since = time.monotonic()
 
     def _request_finished(self, idx: int, request_id: str) -> None:
         del self._requests_on[idx][request_id]
-        since = self._replica_busy_since[idx]
-        if not self._requests_on[idx] and since is not None:
-            self.replica_busy_s[idx] += time.monotonic() - since
-            self._replica_busy_since[idx] = None
+        for clock in (self.replica_busy[idx], self.generation_busy, self.engine_busy):
+            clock.stop()
+        self.counters.busy_time_s = self.generation_busy.closed_s
         self._running_requests -= 1
         if self._running_requests == 0:
             self._idle.set()
-            if self._busy_since is not None:
-                self.counters.busy_time_s += time.monotonic() - self._busy_since
-                self._busy_since = None
 
     # ------------------------------------------------------------------ sync
     async def pause_for_sync(self) -> None:

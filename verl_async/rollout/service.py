@@ -242,6 +242,7 @@ class RolloutService:
             k=int(rollout_cfg.val_kwargs.n), max_num_seqs=int(rollout_cfg.max_num_seqs), timeline=self.timeline,
             timeout_s=validation_timeout_s(cfg, len(self.val_dataset)),
             log_generations=int(cfg.trainer.log_val_generations), agent_loop=self.agent_loop,
+            engine_busy=self.rollouter.engine_busy,
         )
         self.background = BackgroundValidation(self.validate)  # trainer.val_async
         self._run_started = time.monotonic()
@@ -321,7 +322,8 @@ class RolloutService:
         c = self.rollouter.counters
         wall = max(1e-9, time.monotonic() - self._run_started)
         out = {f"rollout/{k}": float(v) for k, v in asdict(c).items()}
-        out["rollout/idle_ratio"] = max(0.0, 1.0 - self.rollouter.busy_seconds() / wall)
+        # no request of any kind (generation or validation) on any engine
+        out["rollout/idle_ratio"] = max(0.0, 1.0 - self.rollouter.engine_busy.seconds() / wall)
         out["rollout/tokens_per_s"] = c.generated_tokens / wall
         out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
         out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)

@@ -31,6 +31,7 @@ from verl_async.config.derived import VAL_TIMEOUT_RULE
 from verl_async.rollout.agent_loop import reward_extra_info
 from verl_async.rollout.agent_stats import AgentStats
 from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
+from verl_async.utils.busy_clock import BusyClock
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.val_generations import VAL_GENERATIONS_KEY, val_generations
 
@@ -96,11 +97,28 @@ def failure(result: Any) -> Optional[str]:
     return "aborted" if result.finish_reason == "abort" else None
 
 
+class _EngineBusyTimed:
+    """An engine whose generate calls count on `clock`; tool calls between a trajectory's turns do not."""
+
+    def __init__(self, engine: InferenceEngine, clock: BusyClock) -> None:
+        self._engine, self._clock = engine, clock
+
+    async def generate(self, request: GenerateRequest) -> Any:
+        with self._clock.task():
+            return await self._engine.generate(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
 class Validator:
     """k samples per validation prompt, scored; see the module docstring."""
 
     def __init__(self, dataset: Any, reward: Any, sampling: SamplingParams, *, k: int, max_num_seqs: int,
-                 timeline: Timeline, timeout_s: float, log_generations: int = 0, agent_loop: Any = None) -> None:
+                 timeline: Timeline, timeout_s: float, log_generations: int = 0, agent_loop: Any = None,
+                 engine_busy: Optional[BusyClock] = None) -> None:
+        # the Rollouter's: validation keeps the engines busy too (rollout/idle_ratio)
+        self.engine_busy = engine_busy if engine_busy is not None else BusyClock()
         self.agent_loop = agent_loop  # multi-turn: each sample is a whole trajectory (rollout/agent_loop.py)
         self.dataset = dataset
         self.reward = reward
@@ -147,9 +165,11 @@ class Validator:
         t0 = self.timeline.now()
         agent_stats = AgentStats("val/multi_turn")
 
+        timed = [_EngineBusyTimed(e, self.engine_busy) for e in engines]
+
         async def one(item, j: int):
             async with sem:
-                engine = engines[(item.index * k + j) % len(engines)]
+                engine = timed[(item.index * k + j) % len(engines)]
                 seeded = replace(sampling, seed=validation_seed(sampling.seed, item.index, j))
                 req = GenerateRequest(self._request_id(version, item.index, j), list(item.prompt_ids), seeded)
                 if self.agent_loop is not None:
