@@ -16,8 +16,9 @@ next to it:
   exactly like the native engine: per batch size the SAME prompt token ids and the SAME
   per-request target lengths as GenerateRequests (`max_tokens = target`, `ignore_eos`,
   temperature 1, top-k/top-p off; the engine asks vLLM for the sampled token's log-prob as our
-  rollouts do), all submitted at once, timed after one warm-up
-  (other prompts, so no prefix-cache hits). Each response's length is checked against its
+  rollouts do), all submitted at once, timed after a warm-up at every batch size (other
+  prompts, so no prefix-cache hits; Triton specializes kernels on a size of 1, so batch 1 is
+  warmed apart). Each response's length is checked against its
   target; reported as vllm_s, vllm_tok_s (useful tokens / s) and
   native_vs_vllm = vllm_s / engine_s (> 1: the native engine is faster).
   Order, so neither holds memory while the other runs: the native engine (and HF) runs every
@@ -38,7 +39,7 @@ next to it:
   length, checked), temperature 1, top-k/top-p off, the sampled token's log-prob
   (`logprobs=0`, what a rollout needs; `--vllm-offline-no-logprobs` drops it), no detokenizing;
   the LLM sized like the engines above (max_num_seqs = the largest batch, `--vllm-mem`, CUDA
-  graphs, prefix caching, chunked prefill), one warm-up, then one `generate` call per batch,
+  graphs, prefix caching, chunked prefill), a warm-up at every batch size, then one `generate` call per batch,
   timed. Reported as vllm_offline_s, vllm_offline_tok_s and native_vs_vllm_offline. It runs
   last, after the native engine and the adapter (`--vllm`) have been released.
 
@@ -384,6 +385,12 @@ def build_vllm_engine(args, model_dir: str, dtype: str) -> InferenceEngine:
     return build_engine_from_config(vllm_rollout_config(args, dtype), model_path=model_dir, device="cuda")
 
 
+def warmup_prompts(args, vocab: int, seed: int) -> list[list[int]]:
+    """As many prompts as the largest batch, drawn apart from the workloads' (no prefix-cache hits)."""
+    rng = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (max(args.batch_list), args.prompt_len), generator=rng).tolist()
+
+
 def vllm_version() -> str:
     try:
         import vllm
@@ -405,11 +412,10 @@ async def run_vllm(args, model_dir: str, dtype: str, vocab: int, workloads) -> t
         except ImportError as exc:
             raise SystemExit(f"bench_engine.py --vllm could not start vLLM (written against 0.26.0): {exc}") from exc
         build_s = time.perf_counter() - t0
-        # Warm-up: the largest batch with prompts drawn apart from the workloads' (no prefix-cache hits).
-        rng = torch.Generator().manual_seed(args.seed + 1)
-        warm = torch.randint(0, vocab, (max(args.batch_list), args.prompt_len), generator=rng).tolist()
+        warm = warmup_prompts(args, vocab, seed=args.seed + 1)
         t0 = time.perf_counter()
-        await generate_all(engine, warm, [VLLM_WARMUP_TOKENS] * len(warm), "vllm-warm", "vLLM")
+        for batch in sorted(set(args.batch_list)):
+            await generate_all(engine, warm[:batch], [VLLM_WARMUP_TOKENS] * batch, f"vllm-warm{batch}", "vLLM")
         warm_s = time.perf_counter() - t0
         version = vllm_version()
         print(f"vLLM {version}: built in {build_s:.1f}s, warm-up {warm_s:.1f}s", flush=True)
@@ -496,9 +502,9 @@ def run_vllm_offline(args, model_dir: str, dtype: str, vocab: int, workloads) ->
     build_s = time.perf_counter() - t0
     rows = []
     try:
-        rng = torch.Generator().manual_seed(args.seed + 2)  # other prompts than the workloads' and the adapter's
-        warm = torch.randint(0, vocab, (max(args.batch_list), args.prompt_len), generator=rng).tolist()
-        warm_s, _ = offline_generate(llm, warm, [VLLM_WARMUP_TOKENS] * len(warm), args.vllm_offline_logprobs)
+        warm = warmup_prompts(args, vocab, seed=args.seed + 2)  # other prompts than the adapter's warm-up
+        warm_s = sum(offline_generate(llm, warm[:batch], [VLLM_WARMUP_TOKENS] * batch, args.vllm_offline_logprobs)[0]
+                     for batch in sorted(set(args.batch_list)))
         print(f"vLLM {vllm_version()} LLM: built in {build_s:.1f}s, warm-up {warm_s:.1f}s", flush=True)
         for batch, prompts, lengths in workloads:
             wall, tokens = offline_generate(llm, prompts, lengths, args.vllm_offline_logprobs)

@@ -178,12 +178,12 @@ def test_run_vllm_same_workload_one_engine(be, monkeypatch):
     assert len(FakeAsyncLLM.instances) == 1  # built once for every batch size
     llm = FakeAsyncLLM.instances[0]
     assert llm.kwargs["max_num_seqs"] == 5 and llm.kwargs["gpu_memory_utilization"] == 0.5 and llm.shut
-    assert len(llm.requests) == 5 + 2 + 5 and all(kind == "FINAL_ONLY" for *_, kind in llm.requests)
-    warm = by_tag(llm, "vllm-warm")
-    assert len(warm) == 5 and all(kw["max_tokens"] == be.VLLM_WARMUP_TOKENS for _, kw in warm)
-    assert llm.requests[0][0].startswith("vllm-warm-")  # the warm-up comes first
+    assert len(llm.requests) == (2 + 5) + 2 + 5 and all(kind == "FINAL_ONLY" for *_, kind in llm.requests)
+    warm = by_tag(llm, "vllm-warm2") + by_tag(llm, "vllm-warm5")  # every batch size warmed (Triton: size 1 apart)
+    assert len(warm) == 2 + 5 and all(kw["max_tokens"] == be.VLLM_WARMUP_TOKENS for _, kw in warm)
+    assert all(rid.startswith("vllm-warm") for rid, *_ in llm.requests[:7])  # the warm-ups come first
     assert not {tuple(p) for p, _ in warm} & {tuple(p) for w in wls for p in w[1]}  # no prefix-cache hits
-    assert max(llm.peaks[:5]) == 5  # submitted at once
+    assert max(llm.peaks[:7]) == 5  # submitted at once
     for (batch, prompts, lengths), r in zip(wls, rows):
         sent = by_tag(llm, f"vllm-b{batch}")
         assert [p for p, _ in sent] == prompts and [kw["max_tokens"] for _, kw in sent] == lengths
@@ -192,7 +192,7 @@ def test_run_vllm_same_workload_one_engine(be, monkeypatch):
             assert kw["seed"] is None and "min_tokens" not in kw and kw["stop_token_ids"] == []
             assert kw["logprobs"] == 0  # the sampled token's log-prob, as our rollouts ask
         assert r["batch"] == batch and r["vllm_tok_s"] == pytest.approx(sum(lengths) / r["vllm_s"])
-    assert max(llm.peaks[5:7]) == 2 and max(llm.peaks[7:]) == 5  # each batch submitted at once
+    assert max(llm.peaks[7:9]) == 2 and max(llm.peaks[9:]) == 5  # each batch submitted at once
     assert info["engine"] == "verl_async.rollout.vllm_engine.VLLMEngine" and info["version"] == "0.0-fake"
     assert info["engine_kwargs"]["max_num_seqs"] == 5
     assert info["env"] == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
@@ -295,11 +295,12 @@ def test_run_vllm_offline_same_workload_one_llm(be, monkeypatch):
     wls = workloads(be, args)
     info, rows = be.run_vllm_offline(args, "/m", "torch.bfloat16", 50, wls)
     [llm] = FakeLLM.instances
-    assert llm.shut and llm.kwargs["max_num_seqs"] == 5 and len(llm.calls) == 3  # warm-up + one call per batch
-    warm_prompts, warm_kws = llm.calls[0]
-    assert len(warm_prompts) == 5 and all(kw["max_tokens"] == be.VLLM_WARMUP_TOKENS for kw in warm_kws)
+    assert llm.shut and llm.kwargs["max_num_seqs"] == 5 and len(llm.calls) == 4  # a warm-up per batch size, then each
+    assert [len(prompts) for prompts, _ in llm.calls[:2]] == [2, 5]
+    warm_prompts = [p for prompts, _ in llm.calls[:2] for p in prompts]
+    assert all(kw["max_tokens"] == be.VLLM_WARMUP_TOKENS for _, kws in llm.calls[:2] for kw in kws)
     assert not {tuple(p) for p in warm_prompts} & {tuple(p) for w in wls for p in w[1]}  # no prefix-cache hits
-    for (batch, prompts, lengths), (sent, kws), r in zip(wls, llm.calls[1:], rows):
+    for (batch, prompts, lengths), (sent, kws), r in zip(wls, llm.calls[2:], rows):
         assert sent == prompts and [kw["max_tokens"] for kw in kws] == lengths
         assert r["batch"] == batch and r["vllm_offline_tok_s"] == pytest.approx(sum(lengths) / r["vllm_offline_s"])
     assert info["entry"] == "vllm.LLM.generate" and info["logprobs"] is True
