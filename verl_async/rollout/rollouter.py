@@ -129,7 +129,6 @@ class Rollouter:
         self._open = asyncio.Event()  # set = generation allowed (not inside a sync)
         self._open.set()
         self._changed = asyncio.Event()  # wakes the admission loop
-        self._running_requests = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._stop = False
@@ -458,6 +457,11 @@ class Rollouter:
                 end_time=self.timeline.now(),
             )
 
+    @property
+    def _running_requests(self) -> int:
+        """Generation requests on the engines now (the generation clock counts them)."""
+        return self.generation_busy.running
+
     def replica_busy_seconds(self) -> list[float]:
         """Per replica: seconds with at least one generation request on it (the current busy span included)."""
         return [clock.seconds() for clock in self.replica_busy]
@@ -470,16 +474,13 @@ class Rollouter:
         self._requests_on[idx][request_id] = time.monotonic()
         for clock in (self.replica_busy[idx], self.generation_busy, self.engine_busy):
             clock.start()
-        self._running_requests += 1
-        if self._running_requests == 1:
-            self._idle.clear()
+        self._idle.clear()
 
     def _request_finished(self, idx: int, request_id: str) -> None:
         del self._requests_on[idx][request_id]
         for clock in (self.replica_busy[idx], self.generation_busy, self.engine_busy):
             clock.stop()
         self.counters.busy_time_s = self.generation_busy.closed_s
-        self._running_requests -= 1
         if self._running_requests == 0:
             self._idle.set()
 
