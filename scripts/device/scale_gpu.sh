@@ -7,7 +7,7 @@
 #                          SHAPE = 0.5b | 1.5b | 3b | 7b (random weights of the Qwen2.5 shape), CFGS = configs joined
 #                          by '+' (sync | sS_pP[_tT] split | cS_pP[_tT] colocated async, e.g. sync+s0.5_p1_t1+s2_p1_t1);
 #                          BENCH_ARGS adds arguments (e.g. --steps 12), EXTRA_TAG (TAG upper-cased) adds
-#                          key=value overrides (space-separated) to every run of that phase.
+#                          key=value overrides (space-separated) to every run of that phase, ARGS_TAG more arguments.
 #                          -> $STORE/bench_TAG.json, bench_TAG.log, bench_TAG-runs.tar.gz (timelines, tensorboard)
 #   queue:P1,P2,...        the phases one after another in the background (scripts/device/queue.sh)
 #   wait:SECONDS           wait for the queue, then copy what finished to $OUT (and a snapshot of runs still going)
@@ -30,13 +30,14 @@ bench() {  # bench TAG SHAPE CFGS
   local tag=$1 shape=$2 cfgs=${3//+/,} extra_var t0=$SECONDS extra=()
   extra_var="EXTRA_$(echo "$tag" | tr '[:lower:].-' '[:upper:]__')"
   for kv in ${!extra_var:-}; do extra+=(--extra "$kv"); done
+  local args_var="ARGS_${extra_var#EXTRA_}"  # ARGS_TAG: more bench_async arguments for this phase alone
   local dir
   dir=$(run_dir "bench_$tag")
   echo "=== bench $tag: shape $shape, configs $cfgs, ${#extra[@]} extra args (limit ${BENCH_LIMIT:-1500}s)"
   # shellcheck disable=SC2086
   timeout --kill-after=15 "${BENCH_LIMIT:-1500}" python3 scripts/bench_async.py --device cuda --gpus "$NGPU" \
     --engine native --shape "$shape" --configs "$cfgs" --work-dir "$dir" --out "$STORE/bench_$tag.json" \
-    ${BENCH_ARGS:-} "${extra[@]}" > "$STORE/bench_$tag.log" 2>&1
+    ${BENCH_ARGS:-} ${!args_var:-} "${extra[@]}" > "$STORE/bench_$tag.log" 2>&1
   local rc=$?
   echo "=== bench $tag: rc=$rc in $((SECONDS - t0))s"
   grep -E "^\|" "$STORE/bench_$tag.log" | tail -n 12

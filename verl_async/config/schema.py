@@ -248,7 +248,7 @@ class LongTailConfig:
 @schema
 class AsyncTrainingConfig:
     staleness_threshold: float = rule(ge=0)
-    trigger_parameter_sync_step: int = rule(ge=1)
+    trigger_parameter_sync_step: Optional[int] = rule(ge=1)  # null: derived.auto_trigger_parameter_sync_step
     require_batches: int = rule(ge=1)
     partial_rollout: bool
     use_rollout_log_probs: bool
