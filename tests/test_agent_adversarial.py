@@ -39,10 +39,11 @@ def test_5_a_tool_name_with_a_lone_surrogate_is_an_answered_error():
     '<tool_call>{"name": "calculator", "arguments": ' + '{"a": ' * 1000 + "1" + "}" * 1001 + "</tool_call>",
 ])
 def test_6_deeply_nested_json_is_an_answered_malformed_call(bad):
-    ro, loop, _, sink = build(lambda u, i, t, c: [bad, "done"][t], [CalculatorTool({})])
+    ro, loop, _, sink = build(lambda u, i, t, c: [bad, "done"][t], [CalculatorTool({})], budget=8000)
     run(ro)
     assert len(sink.groups) == 1
-    assert "Error" in answers(sink.groups[0].responses[0])
+    text = answers(sink.groups[0].responses[0])
+    assert "Error: the tool call is nested too deeply" in text or "Invalid arguments for 'calculator'" in text
     m = loop.stats.metrics()
     assert m["multi_turn/tool_errors_total"] == 1.0
 
@@ -123,7 +124,7 @@ def test_9_waiting_for_a_rate_limit_slot_is_not_the_snippets_time():
     tool = PythonCodeTool({"rate_limit": 1, "default_timeout": 5})
     snippet = "import time\ntime.sleep(1.0)\nprint('slept')"
     script = lambda u, i, t, c: [call("code_interpreter", code=snippet) * 3, "done"][t]
-    ro, loop, _, sink = build(script, [tool], max_parallel_calls=3, tool_timeout_s=2.5)
+    ro, loop, _, sink = build(script, [tool], max_parallel_calls=3, tool_timeout_s=2.5, budget=2000)
     run(ro, timeout=60)
     text = answers(sink.groups[0].responses[0])
     assert text.count("slept") == 3 and "timed out" not in text
