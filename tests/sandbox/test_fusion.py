@@ -10,16 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from verl_async.sandbox import SandboxResult, isolation_problem
+from tests.sandbox.conftest import free_port
+from verl_async.sandbox import SandboxResult
 from verl_async.sandbox.client import call_run_code, call_run_code_sync, service_problem
 from verl_async.sandbox.fusion import RequestError, parse_request, request_payload, response_for
 
@@ -58,41 +56,6 @@ def test_a_sandbox_failure_is_a_sandbox_error():
 
 
 # ------------------------------------------------------------------ the real server on loopback
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server():
-    problem = isolation_problem()
-    if problem and not os.environ.get("CI"):
-        pytest.skip(f"no OS sandbox on this machine: {problem}")
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "verl_async.sandbox.server", "--port", str(port),
-                             "--max-concurrent", "2"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{base}/v1/ping", timeout=1).json() == "pong":
-                break
-        except requests.RequestException:
-            time.sleep(0.2)
-        assert proc.poll() is None, proc.stdout.read()
-    else:
-        proc.kill()
-        pytest.fail("the server did not answer /v1/ping within 60 s")
-    yield f"{base}/run_code"
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 def test_verls_payload_runs_with_stdin_and_separate_streams(server):
     """The exact request verl's call_sandbox_api sends (json.dumps body, its headers)."""
     payload = json.dumps(request_payload("import sys\nname = input()\nprint('hi', name)\nprint('e', file=sys.stderr)",
@@ -188,7 +151,7 @@ def test_retools_tool_config_runs_in_the_agent_loop(server, tmp_path):
 def test_no_service_is_refused_in_one_line(tmp_path):
     from verl_async.tools import ToolLoadError, load_all_tools
 
-    url = f"http://127.0.0.1:{_free_port()}/run_code"
+    url = f"http://127.0.0.1:{free_port()}/run_code"
     problem = service_problem(url, "config.sandbox_fusion_url", timeout_s=3)
     assert problem.startswith(f"config.sandbox_fusion_url={url}: no SandboxFusion service runs code there")
     assert "python -m verl_async.sandbox.server" in problem and "\n" not in problem
