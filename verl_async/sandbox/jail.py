@@ -204,8 +204,9 @@ def _python_files(interpreter: str, allow_site_packages: bool) -> tuple[list[str
                 else:
                     hidden = [h for h in hidden if h != site]
     dynload_dir = dynload if dynload and os.path.isdir(dynload) else os.path.join(stdlib, "lib-dynload")
-    modules = [os.path.join(dynload_dir, f) for f in sorted(os.listdir(dynload_dir)) if f.endswith(".so")] \
-        if os.path.isdir(dynload_dir) else []
+    # every extension module's libraries but Tk's (a GUI has no screen in here: no X11 libraries mounted)
+    modules = [os.path.join(dynload_dir, f) for f in sorted(os.listdir(dynload_dir))
+               if f.endswith(".so") and not f.startswith("_tkinter")] if os.path.isdir(dynload_dir) else []
     libs = _ldd([interpreter] + modules)
     ro_files = sorted({interpreter} | {lib for lib in libs if not lib.startswith(stdlib.rstrip("/") + "/")})
     if allow_site_packages:  # packages' own native libraries may need any system library: their folders
