@@ -125,7 +125,7 @@ def test_the_same_scores_through_sandbox_fusion(server):
 
 
 def test_an_unreachable_service_is_refused_at_start(tmp_path):
-    from tests.sandbox.conftest import free_port
+    from tests.sandbox_server import free_port
 
     url = f"http://127.0.0.1:{free_port()}/run_code"
     with pytest.raises(ValueError, match=r"^reward\.sandbox_fusion\.url=.*: no SandboxFusion service runs code there"):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.sandbox.conftest import free_port
+from tests.sandbox_server import free_port
 from verl_async.sandbox import SandboxResult
 from verl_async.sandbox.client import call_run_code, call_run_code_sync, service_problem
 from verl_async.sandbox.fusion import RequestError, parse_request, request_payload, response_for
