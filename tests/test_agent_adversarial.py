@@ -39,7 +39,8 @@ def test_5_a_tool_name_with_a_lone_surrogate_is_an_answered_error():
     '<tool_call>{"name": "calculator", "arguments": ' + '{"a": ' * 1000 + "1" + "}" * 1001 + "</tool_call>",
 ])
 def test_6_deeply_nested_json_is_an_answered_malformed_call(bad):
-    ro, loop, _, sink = build(lambda u, i, t, c: [bad, "done"][t], [CalculatorTool({})], budget=8000)
+    ro, loop, _, sink = build(lambda u, i, t, c: [bad, "done"][t], [CalculatorTool({})], budget=8000,
+                              token_delay=0.0)
     run(ro)
     assert len(sink.groups) == 1
     text = answers(sink.groups[0].responses[0])
