@@ -167,7 +167,7 @@ class RewardConfig:
     custom_reward_function: VerlCustomRewardFunctionConfig
     reward_kwargs: Dict[str, Any]
     reward_model: Dict[str, Any]  # model-based rewards: enable=true is refused (checks.py)
-    sandbox_fusion: Dict[str, Any]  # code-execution rewards: a url is refused (checks.py)
+    sandbox_fusion: Dict[str, Any]  # code-execution rewards: url (null: the built-in sandbox), max_concurrent, memory_limit_mb
 
 
 @schema

@@ -178,7 +178,7 @@ class RolloutService:
         self.source = DatasetPromptSource(self.iterator)
         self.reward = build_reward_manager(
             cfg.reward_model, cfg.custom_reward_function, self.tokenizer,
-            max_response_length=int(cfg.data.max_response_length),
+            max_response_length=int(cfg.data.max_response_length), sandbox_fusion=cfg.reward.sandbox_fusion,
         )
         required = required_samples(cfg)
         count = max(1, rollout_replicas(cfg)) if engines is None else len(engines)
