@@ -11,10 +11,10 @@ one row per response), the only shape the trainer's workers see.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-import torch
-from tensordict import TensorDict
+if TYPE_CHECKING:  # torch and tensordict load where a batch is built (the trainer), not in the queue or the Rollouter
+    from tensordict import TensorDict
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -145,7 +145,7 @@ def staleness(samples: Sequence[RolloutSample], trainer_version: int) -> list[in
     return [trainer_version - s.min_version for s in samples]
 
 
-def collate_groups(samples: Sequence[RolloutSample], pad_token_id: int) -> TensorDict:
+def collate_groups(samples: Sequence[RolloutSample], pad_token_id: int) -> "TensorDict":
     """Flatten groups into the train batch: one row per response.
 
     Keys (B = total responses, P = longest prompt, T = longest response):
@@ -159,6 +159,9 @@ def collate_groups(samples: Sequence[RolloutSample], pad_token_id: int) -> Tenso
     multi-turn response's loop inserted (`Response.loss_mask`), so the loss, KL, entropy,
     advantages and rollout correction, which all take it, never see a tool token.
     """
+    import torch
+    from tensordict import TensorDict
+
     if not samples:
         raise ValueError("collate_groups: no groups given (empty batch)")
     rows = [(g, s, r) for g, s in enumerate(samples) for r in s.responses]

@@ -87,8 +87,9 @@ def read_table(path: str, key: str = "data files") -> pa.Table:
         raise DataError(f"{key}: {path}: is a folder, expected a parquet file")
     if os.path.getsize(path) == 0:
         raise DataError(f"{key}: {path}: empty file (0 bytes)")
-    try:
-        table = pq.read_table(path)
+    try:  # ParquetFile, not read_table: read_table goes through pyarrow.dataset, which imports pandas (~1 s per process)
+        with pq.ParquetFile(path) as parquet:
+            table = parquet.read()
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{key}: {path}: not a readable parquet file ({exc})") from exc
     if table.num_rows == 0:

@@ -10,10 +10,29 @@ from verl_async.versions import check_transformers
 
 check_transformers()  # before any model is built: outside the supported range, say so (verl_async/versions.py)
 
-from verl_async.checkpoint import checkpoint_dir, latest_checkpoint, mark_latest, rotate_checkpoints
-from verl_async.trainer.fsdp_worker import FSDPWorker
-from verl_async.trainer.settings import TrainerSettings
-from verl_async.trainer.worker_group import FSDPWorkerGroup, RayWorkerGroup, WorkerGroupError
+import importlib
+from typing import Any
+
+# name -> the module that defines it; loaded on first use, so that importing one light module of this package
+# (settings, token_budget, ...) does not load torch, transformers' models and the FSDP worker with it
+_EXPORTS = {
+    "FSDPWorker": "verl_async.trainer.fsdp_worker",
+    "FSDPWorkerGroup": "verl_async.trainer.worker_group",
+    "RayWorkerGroup": "verl_async.trainer.worker_group",
+    "WorkerGroupError": "verl_async.trainer.worker_group",
+    "TrainerSettings": "verl_async.trainer.settings",
+    "checkpoint_dir": "verl_async.checkpoint",
+    "latest_checkpoint": "verl_async.checkpoint",
+    "mark_latest": "verl_async.checkpoint",
+    "rotate_checkpoints": "verl_async.checkpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FSDPWorker",

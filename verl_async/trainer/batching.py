@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 import torch
-from tensordict import TensorDict
 
 from verl_async.algos import karmarkar_karp, partition_by_token_cap
+
+if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
+    from tensordict import TensorDict
 
 # Keys every call needs (collate_groups layout) and the extra keys of `update`.
 LAYOUT_KEYS = ("prompts", "responses", "attention_mask", "response_mask")

@@ -27,12 +27,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
 
 from verl_async.algos import logprobs_and_entropy, logprobs_from_logits, ratio_deviation_max
 from verl_async.invariant import environment_problem, make_invariant
@@ -47,6 +46,9 @@ from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.lr_schedule import build_lr_scheduler
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.utils import device as device_layer
+
+if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
+    from tensordict import TensorDict
 
 logger = logging.getLogger(__name__)
 

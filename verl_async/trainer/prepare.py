@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional, Protocol
 
 import torch
-from tensordict import TensorDict
 
 from verl_async.algos import (
     adaptive_kl_coef,
@@ -34,6 +33,9 @@ from verl_async.algos import (
 from verl_async.algos.advantages import scores_to_token_rewards
 from verl_async.config.derived import recomputes_old_log_probs, uses_reference_policy
 from verl_async.trainer.settings import RolloutCorrectionSettings
+
+if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
+    from tensordict import TensorDict
 
 
 class LogProbSource(Protocol):

@@ -25,13 +25,12 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 import ray
 import torch
 from omegaconf import OmegaConf
-from tensordict import TensorDict
 
 from verl_async.config.derived import finish_timeout_s, required_samples
 from verl_async.config.resume import run_facts
@@ -47,6 +46,9 @@ from verl_async.utils.timeline import Timeline
 from verl_async.utils.tracking import Tracker
 from verl_async.utils.val_generations import VAL_GENERATIONS_KEY
 from verl_async.utils.waiting import get_within
+
+if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
+    from tensordict import TensorDict
 
 logger = logging.getLogger("verl_async.trainer")
 

@@ -57,10 +57,9 @@ a new one (e.g. from the last checkpoint).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import torch
-from tensordict import TensorDict
 
 from verl_async.trainer.batching import (
     LAYOUT_KEYS,
@@ -87,6 +86,9 @@ from verl_async.trainer.token_budget import device_budget, unset_budgets
 from verl_async.utils import device as device_layer
 from verl_async.utils.shared_dirs import SharedDir, SharedDirError
 from verl_async.utils.waiting import WaitTimeout, finished_in_turn
+
+if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
+    from tensordict import TensorDict
 
 # Host CPUs reserved per rank: tiny on CPU (tests and demo share a small machine).
 _CPU_PER_RANK = {"cpu": 0.2, "cuda": 1.0, "npu": 1.0}
@@ -325,6 +327,8 @@ class RayWorkerGroup:
                             dp=self.dp_size, dynamic=s.use_dynamic_bsz, micro_size=s.ppo_micro_batch_size_per_gpu,
                             max_tokens=s.ppo_max_token_len_per_gpu)
         loss_keys = [k for k in ("loss_mask", "old_log_probs", "advantages", "is_weights", "ref_log_prob") if k in send]
+        from tensordict import TensorDict
+
         ref = ray.put(TensorDict(send, batch_size=batch.batch_size))
         extra = {"profile": profile} if profile else {}
         refs = [w.update.remote(ref, plans, loss_keys, **extra) for w in self.workers]

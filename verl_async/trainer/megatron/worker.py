@@ -30,12 +30,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
 
 from verl_async.algos import logprobs_and_entropy, logprobs_from_logits
 from verl_async.trainer import offload
@@ -49,6 +48,9 @@ from verl_async.trainer.megatron.convert import check_parallel, model_spec
 from verl_async.trainer.megatron.settings import MegatronSettings
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.utils import device as device_layer
+
+if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
+    from tensordict import TensorDict
 
 logger = logging.getLogger(__name__)
 
