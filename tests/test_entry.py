@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from verl_async.config import ConfigError, compose, validate
 from verl_async.config.cli import REPO_ROOT
 from verl_async.config.preflight import preflight
+from tests.entry_point import run_main
 
 SCRIPT = REPO_ROOT / "scripts" / "run_qwen2.5_0.5b_gsm8k_fully_async_reference.sh"
 
@@ -24,10 +25,8 @@ def _env(**extra) -> dict:
 
 
 def run_entry(*args, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "recipe.fully_async_main", *args],
-        cwd=REPO_ROOT, env=_env(**env), capture_output=True, text=True, timeout=120,
-    )
+    """The command in this process (tests/entry_point.py): exit status, stdout and stderr as a subprocess's."""
+    return run_main(args, env=_env(**env), cwd=str(REPO_ROOT))
 
 
 def write_parquet(path, rows: int, prompt_key: str = "prompt") -> str:
