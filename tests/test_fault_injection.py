@@ -14,15 +14,14 @@ import collections
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
+from tests.entry_point import run_main
 from verl_async.data import builtin, write_rows
 
 pytestmark = pytest.mark.slow
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOP_WITHIN_S = 60
 
 
@@ -36,32 +35,30 @@ def data_files(tmp_path_factory):
     return str(folder / "train.parquet"), str(folder / "val.parquet")
 
 
-def run_main(tmp_path, model_dir, data_files, fail: str, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
+def run_failing(tmp_path, model_dir, data_files, fail: str, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
     train, val = data_files
     args = [
-        sys.executable, "-m", "recipe.fully_async_main",
         f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={train}", f"data.val_files={val}",
         "data.max_prompt_length=64", "data.max_response_length=12", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.n_gpus_per_node=2", "rollout.total_rollout_steps=8",
         "trainer.test_freq=-1", "trainer.logger=[console]", f"trainer.default_local_dir={tmp_path / 'run'}",
         "ray_init.num_cpus=2", f"debug.fail_replicas={fail}", *extra,
     ]
-    env = dict(os.environ, PYTHONPATH=REPO)
     t0 = time.monotonic()
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=STOP_WITHIN_S * 3)
+    proc = run_main(args)  # the command in this process, on the session's Ray (tests/entry_point.py)
     return proc, time.monotonic() - t0
 
 
-def test_every_replica_failing_stops_the_run_with_the_engine_error(tmp_path, tiny_model_dir, data_files):
-    proc, wall = run_main(tmp_path, tiny_model_dir, data_files, "all", "trainer.val_before_train=false")
+def test_every_replica_failing_stops_the_run_with_the_engine_error(ray_session, tmp_path, tiny_model_dir, data_files):
+    proc, wall = run_failing(tmp_path, tiny_model_dir, data_files, "all", "trainer.val_before_train=false")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert ("run failed: the rollouter failed: EngineFailure: every engine replica is out of rotation "
             "(replica 0: 32 failed requests in a row, last error: injected failure on replica 0") in proc.stderr
     assert wall < STOP_WITHIN_S, wall
 
 
-def test_failed_validation_is_an_error_not_an_accuracy_of_zero(tmp_path, tiny_model_dir, data_files):
-    proc, wall = run_main(tmp_path, tiny_model_dir, data_files, "all", "trainer.val_before_train=true")
+def test_failed_validation_is_an_error_not_an_accuracy_of_zero(ray_session, tmp_path, tiny_model_dir, data_files):
+    proc, wall = run_failing(tmp_path, tiny_model_dir, data_files, "all", "trainer.val_before_train=true")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     # the validation's error is reported and the run goes on, until the engines' failures stop it
     assert ("warning: the validation before training (version 0) failed, training goes on: ValidationError: "
@@ -72,9 +69,10 @@ def test_failed_validation_is_an_error_not_an_accuracy_of_zero(tmp_path, tiny_mo
     assert wall < STOP_WITHIN_S, wall
 
 
-def test_one_failing_replica_leaves_the_rotation_and_every_prompt_is_trained(tmp_path, tiny_model_dir, data_files):
+def test_one_failing_replica_leaves_the_rotation_and_every_prompt_is_trained(ray_session, tmp_path, tiny_model_dir,
+                                                                           data_files):
     # 8 prompts make 16 requests: K=4 so that replica 0 leaves the rotation during the run
-    proc, wall = run_main(tmp_path, tiny_model_dir, data_files, "[0]", "trainer.val_before_train=false",
+    proc, wall = run_failing(tmp_path, tiny_model_dir, data_files, "[0]", "trainer.val_before_train=false",
                           "rollout.max_consecutive_engine_failures=4")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert ("warning: engine replica 0 was taken out of rotation: 4 failed requests in a row, "
@@ -85,11 +83,11 @@ def test_one_failing_replica_leaves_the_rotation_and_every_prompt_is_trained(tmp
     assert wall < STOP_WITHIN_S, wall
 
 
-def test_validation_with_missing_samples_neither_stops_the_run_nor_loses_its_checkpoint(tmp_path, tiny_model_dir,
-                                                                                        data_files):
+def test_validation_with_missing_samples_neither_stops_the_run_nor_loses_its_checkpoint(ray_session, tmp_path,
+                                                                                        tiny_model_dir, data_files):
     # the issue's two reproductions in one run: val n=3 over 2 replicas, replica 1 failing, so that prompts lose
     # 1 or 2 of their 3 samples (ragged) before training; save_freq=3 with test_freq=-1 lost the final checkpoint
-    proc, wall = run_main(tmp_path, tiny_model_dir, data_files, "[1]", "trainer.val_before_train=true",
+    proc, wall = run_failing(tmp_path, tiny_model_dir, data_files, "[1]", "trainer.val_before_train=true",
                           "actor_rollout_ref.rollout.val_kwargs.n=3", "trainer.save_freq=3")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "validation before training (version 0): val/mean@3/acc=" in proc.stdout
