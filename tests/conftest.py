@@ -1,4 +1,21 @@
-"""Shared fixtures: one Ray instance per test session, hardware markers that skip cleanly."""
+"""Shared fixtures: one Ray instance per test session, hardware markers that skip cleanly.
+
+How the suite stays fast (issue 39; `.ci/run` has a time budget of 12 minutes on 2 cores):
+
+- `ray_session`: one local Ray per test process (per xdist worker). `pipeline.run` joins it instead
+  of starting and stopping its own (~8 s each); so does the entry point run in this process.
+- `tests/entry_point.py` `run_main(args)`: `python -m recipe.fully_async_main ARGS` in the test
+  process (exit status, stdout, stderr as a subprocess's). Keep a subprocess only where the process
+  is the claim (a kill, a signal, what it imported, an environment it must start without).
+- A shared run: a module-scoped fixture that runs the pipeline once, and several tests that assert
+  on its outputs (`tests/test_pipeline_integration.py` `sync_run`, `async_run`): a new claim on a
+  config an existing run already has goes there, not into a run of its own.
+- Parallel workers: `.ci/run` runs each step with `-n 2 --dist loadscope` (pytest-xdist): one worker
+  runs a whole module, so its module-scoped fixtures (shared runs) are built once; the tests of a
+  class are a unit of their own, so a module with several independent expensive runs can spread
+  them over both workers by putting each group in a class. (`--dist loadgroup` does not group under
+  pytest 9.2 with pytest-xdist 3.8: xdist renames a node id pytest no longer lets it rename.)
+"""
 
 from __future__ import annotations
 

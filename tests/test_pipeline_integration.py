@@ -18,6 +18,7 @@ import pytest
 import ray
 import torch
 
+from tests.entry_point import run_main
 from verl_async.config import compose, validate
 from verl_async.data import builtin, write_rows
 from verl_async.pipeline import PipelineError, run
@@ -72,14 +73,25 @@ def saved_groups(pattern: str, steps: int) -> list[list[dict]]:
     return [torch.load(pattern.format(rollout_id=k), weights_only=False) for k in range(steps)]
 
 
-def test_synchronous_baseline_is_strictly_on_policy(ray_session, tmp_path, tiny_model_dir, data_files):
-    pattern = str(tmp_path / "dump" / "rollout_{rollout_id}.pt")
+@pytest.fixture(scope="module")
+def sync_run(ray_session, tmp_path_factory, tiny_model_dir, data_files):
+    """One synchronous run (staleness 0, a sync after every step) that also validates every 2 versions and logs 2
+    validation generations to tensorboard and the file logger: the on-policy test and the validation-logging test
+    assert on it (one run instead of two, issue 39)."""
+    root = tmp_path_factory.mktemp("sync")
+    pattern = str(root / "dump" / "rollout_{rollout_id}.pt")
     summary = run_pipeline(
-        tmp_path, tiny_model_dir, data_files,
+        root, tiny_model_dir, data_files,
         "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
         f"debug.save_rollout_data='{pattern}'",
+        "trainer.test_freq=2", "trainer.log_val_generations=2", "trainer.logger=[tensorboard,file]",
     )
-    log = trained_log(tmp_path)
+    return root, summary, pattern
+
+
+def test_synchronous_baseline_is_strictly_on_policy(sync_run):
+    root, summary, pattern = sync_run
+    log = trained_log(root)
     assert summary["trainer/steps"] == 4 and summary["trainer/version"] == 4
     for step, entry in enumerate(log):
         for group in saved_groups(pattern, len(log))[step]:
@@ -90,13 +102,31 @@ def test_synchronous_baseline_is_strictly_on_policy(ray_session, tmp_path, tiny_
     assert os.path.exists(summary["timeline"])
 
 
-def test_async_run_trains_every_prompt_once_in_complete_groups(ray_session, tmp_path, tiny_model_dir, data_files):
-    pattern = str(tmp_path / "dump" / "rollout_{rollout_id}.pt")
-    run_pipeline(
-        tmp_path, tiny_model_dir, data_files,
+@pytest.fixture(scope="module")
+def async_run(ray_session, tmp_path_factory, tiny_model_dir, data_files):
+    """One fully async run (staleness 1, a sync every 2 steps, partial rollout) whose scorer raises on every
+    odd-length response: the exactly-once test and the scorer-exceptions test assert on it (one run instead of two,
+    issue 39)."""
+    root = tmp_path_factory.mktemp("async")
+    scorer = root / "flaky_scorer.py"
+    scorer.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    if len(solution_str) % 2:\n"
+        "        raise ValueError('pathological response')\n"
+        "    return {'score': 1.0, 'acc': 1.0}\n"
+    )
+    pattern = str(root / "dump" / "rollout_{rollout_id}.pt")
+    summary = run_pipeline(
+        root, tiny_model_dir, data_files,
         "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=2",
         "async_training.partial_rollout=true", f"debug.save_rollout_data='{pattern}'",
+        f"custom_reward_function.path={scorer}",
     )
+    return root, summary, pattern
+
+
+def test_async_run_trains_every_prompt_once_in_complete_groups(async_run):
+    tmp_path, _, pattern = async_run
     log = trained_log(tmp_path)
     uids = [u for entry in log for u in entry["uids"]]
     assert len(uids) == 8 and len(set(uids)) == 8
@@ -131,49 +161,52 @@ def saved_rollouts(ray_session, tmp_path_factory, tiny_model_dir, data_files) ->
     return pattern
 
 
-def test_train_only_replays_saved_rollouts(ray_session, tmp_path, tiny_model_dir, data_files, saved_rollouts):
-    pattern = saved_rollouts
-    outputs = []
-    for tag in ("a", "b"):
-        out = str(tmp_path / f"train_{tag}" / "step{rollout_id}_rank{rank}.pt")
-        run_pipeline(
-            tmp_path / tag, tiny_model_dir, data_files,
-            f"debug.load_rollout_data='{pattern}'", f"debug.save_train_output='{out}'",
-            "async_training.use_rollout_log_probs=false",
-        )
-        outputs.append(out)
+def train_only_command(folder, saved_rollouts: str, *steps: int) -> tuple[str, ...]:
+    """debug.load_rollout_data over the saved groups of `steps` (copied into `folder`), a checkpoint at every sync,
+    resume on, recomputed old log-probs, each step's training outputs saved (debug.save_train_output)."""
+    (folder / "rollouts").mkdir(parents=True, exist_ok=True)
+    pattern = str(folder / "rollouts" / "rollout_{rollout_id}.pt")
+    for k in steps:
+        shutil.copy(saved_rollouts.format(rollout_id=k), pattern.format(rollout_id=k))
+    out = str(folder / "train" / "step{rollout_id}_rank{rank}.pt")
+    return (f"debug.load_rollout_data='{pattern}'", "trainer.save_freq=1", "trainer.resume_mode=auto",
+            f"debug.save_train_output='{out}'", "async_training.use_rollout_log_probs=false")
+
+
+@pytest.fixture(scope="module")
+def train_only_runs(ray_session, tmp_path_factory, tiny_model_dir, data_files, saved_rollouts):
+    """Two train-only runs in one folder: steps 0-1, then (steps 2-3 added) the resume. The checkpoint test asserts
+    on both; the replay test reruns the first elsewhere and compares (three runs for two tests, issue 39)."""
+    root = tmp_path_factory.mktemp("train_only")
+    first = run_pipeline(root, tiny_model_dir, data_files, *train_only_command(root, saved_rollouts, 0, 1))
+    checkpoint_1 = os.path.exists(root / "run" / "global_step_1" / "actor")
+    second = run_pipeline(root, tiny_model_dir, data_files, *train_only_command(root, saved_rollouts, 2, 3))
+    return root, first, checkpoint_1, second
+
+
+def test_train_only_replays_saved_rollouts(ray_session, tmp_path, tiny_model_dir, data_files, saved_rollouts,
+                                           train_only_runs):
+    run_pipeline(tmp_path, tiny_model_dir, data_files, *train_only_command(tmp_path, saved_rollouts, 0, 1))
+    outputs = [str(folder / "train" / "step0_rank0.pt") for folder in (train_only_runs[0], tmp_path)]
     # Same inputs, same seed: the two train-only runs agree to the bit.
     result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "compare_train_output.py"),
-         outputs[0].format(rollout_id=0, rank=0), outputs[1].format(rollout_id=0, rank=0)],
+        [sys.executable, os.path.join(REPO, "scripts", "compare_train_output.py"), *outputs],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "identical" in result.stdout
 
 
-def test_train_only_checkpoints_and_resumes_like_a_normal_run(ray_session, tmp_path, tiny_model_dir, data_files,
-                                                              saved_rollouts):
+def test_train_only_checkpoints_and_resumes_like_a_normal_run(train_only_runs, saved_rollouts):
     """debug.load_rollout_data: the checkpoints of save_freq are written, and a second run resumes from them."""
-    folder = tmp_path / "rollouts"
-    folder.mkdir()
-    pattern = str(folder / "rollout_{rollout_id}.pt")
-
-    def provide(*steps: int) -> None:
-        for k in steps:
-            shutil.copy(saved_rollouts.format(rollout_id=k), pattern.format(rollout_id=k))
-
-    train_only = (f"debug.load_rollout_data='{pattern}'", "trainer.save_freq=1", "trainer.resume_mode=auto")
-    provide(0, 1)
-    first = run_pipeline(tmp_path, tiny_model_dir, data_files, *train_only)
+    root, first, checkpoint_1, second = train_only_runs
     assert first["trainer/steps"] == 2 and first["trainer/version"] == 1  # a sync every 2 steps
-    assert os.path.exists(tmp_path / "run" / "global_step_1" / "actor")
-    provide(2, 3)  # the same run directory, more data: the run resumes at step 2, version 1
-    second = run_pipeline(tmp_path, tiny_model_dir, data_files, *train_only)
+    assert checkpoint_1
+    # the same run directory, more data: the run resumes at step 2, version 1
     assert second["trainer/steps"] == 4 and second["trainer/version"] == 2
-    assert os.path.exists(tmp_path / "run" / "global_step_2" / "actor")
+    assert os.path.exists(root / "run" / "global_step_2" / "actor")
     saved = [[g["uid"] for g in groups] for groups in saved_groups(saved_rollouts, 4)]
-    assert [(e["step"], e["uids"]) for e in trained_log(tmp_path)] == list(enumerate(saved))
+    assert [(e["step"], e["uids"]) for e in trained_log(root)] == list(enumerate(saved))
 
 
 def test_dead_engine_replica_stops_the_run_with_the_cause(ray_session, tmp_path, tiny_model_dir, data_files):
@@ -197,15 +230,8 @@ def test_dead_engine_replica_stops_the_run_with_the_cause(ray_session, tmp_path,
     killer.join(timeout=10)
 
 
-def test_scorer_exceptions_are_counted_and_the_run_continues(ray_session, tmp_path, tiny_model_dir, data_files):
-    scorer = tmp_path / "flaky_scorer.py"
-    scorer.write_text(
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
-        "    if len(solution_str) % 2:\n"
-        "        raise ValueError('pathological response')\n"
-        "    return {'score': 1.0, 'acc': 1.0}\n"
-    )
-    summary = run_pipeline(tmp_path, tiny_model_dir, data_files, f"custom_reward_function.path={scorer}")
+def test_scorer_exceptions_are_counted_and_the_run_continues(async_run):
+    tmp_path, summary, _ = async_run
     assert summary["trainer/steps"] == 4
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -215,15 +241,14 @@ def test_scorer_exceptions_are_counted_and_the_run_continues(ray_session, tmp_pa
     assert acc.Scalars("reward/scorer_errors")[-1].value > 0
 
 
-def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(tmp_path, tiny_model_dir, data_files):
-    """SIGKILL the whole run after its second checkpoint, resume, count: every prompt once."""
-    args = [
-        sys.executable, "-m", "recipe.fully_async_main",
-        *overrides(tmp_path, tiny_model_dir, data_files,
-                   "rollout.total_rollout_steps=16", "trainer.save_freq=1", "trainer.resume_mode=auto",
-                   "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
-                   "data.max_response_length=24", "ray_init.num_cpus=2"),
-    ]
+def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(ray_session, tmp_path, tiny_model_dir, data_files):
+    """SIGKILL the whole run (a process of its own, with its own Ray) after its second checkpoint, resume (the same
+    command in this process, on the session's Ray: tests/entry_point.py), count: every prompt once."""
+    command = overrides(tmp_path, tiny_model_dir, data_files,
+                        "rollout.total_rollout_steps=16", "trainer.save_freq=1", "trainer.resume_mode=auto",
+                        "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
+                        "data.max_response_length=24", "ray_init.num_cpus=2")
+    args = [sys.executable, "-m", "recipe.fully_async_main", *command]
     env = dict(os.environ, PYTHONPATH=REPO, RAY_DEDUP_LOGS="0")
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     marker = tmp_path / "run" / "global_step_3" / "actor" / "meta.json"
@@ -233,7 +258,7 @@ def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(tmp_path, tin
     assert marker.exists(), "no checkpoint before the deadline: " + (proc.stderr.read().decode()[-3000:] if proc.poll() is not None else "")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    resumed = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    resumed = run_main(command)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     said = re.search(r"resuming from \S+/global_step_\d+/actor \(step (\d+) of 8\)", resumed.stdout)  # 16 / 2
     assert said, resumed.stdout[-3000:]
@@ -281,12 +306,11 @@ def test_filter_groups_keeps_flat_groups_out_of_training(ray_session, tmp_path, 
     assert acc.Scalars("fully_async/filtered_groups/verl_async/builtin_repeat")[-1].value == logged
 
 
-def test_validation_generations_reach_tensorboard_and_the_file_logger(ray_session, tmp_path, tiny_model_dir, data_files):
+def test_validation_generations_reach_tensorboard_and_the_file_logger(sync_run):
     """trainer.log_val_generations=2 across Ray: the Rollouter picks them, the Trainer's tracker writes them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run_pipeline(tmp_path, tiny_model_dir, data_files, "trainer.test_freq=2", "trainer.log_val_generations=2",
-                 "trainer.logger=[tensorboard,file]", "async_training.trigger_parameter_sync_step=1")
+    tmp_path = sync_run[0]
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     shown = [(x["step"], x["data"]["val/generations"]) for x in lines if "val/generations" in x["data"]]
     assert [step for step, _ in shown] == [2, 4]  # test_freq=2 over 4 versions; the end reuses version 4's

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from data_preprocess import arithmetic
+from tests.entry_point import run_main
 from verl_async.data import write_rows
 
 pytestmark = [
@@ -93,13 +92,12 @@ def test_native_engine_log_probs_equal_the_hf_forward(model_dir):
         assert float((torch.tensor(result.log_probs) - ref).abs().max()) < 1e-4
 
 
-def test_grpo_steps_through_the_entry_point(tmp_path, data):
+def test_grpo_steps_through_the_entry_point(ray_session, tmp_path, data):
     from verl_async.utils.tb_read import read_scalars
 
     train, test = data
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "recipe.fully_async_main",
+    cmd = [  # the command in this process, on the session's Ray (tests/entry_point.py)
         f"actor_rollout_ref.model.path={MODEL}", f"data.train_files={train}", f"data.val_files={test}",
         "data.max_prompt_length=192", "data.max_response_length=24",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.temperature=0.7",
@@ -111,8 +109,7 @@ def test_grpo_steps_through_the_entry_point(tmp_path, data):
         f"hydra.run.dir={tmp_path / 'hydra'}", "ray_init.num_cpus=4",
     ]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=540,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = run_main(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "done in" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
     scalars = read_scalars(str(run_dir))

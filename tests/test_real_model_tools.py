@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 
 import torch
 
@@ -21,6 +19,7 @@ from data_preprocess import arithmetic_tools
 from tests.agent_fakes import call
 from tests.fakes import ListSink, ListSource, no_score
 from tests.test_real_model import MODEL, REPO, model_dir, pytestmark  # noqa: F401 - the same marks and model fixture
+from tests.entry_point import run_main
 from verl_async.data import write_rows
 from verl_async.rollout.engine import DelegatingEngine, GenerateRequest, GenerateResult, SamplingParams
 
@@ -86,14 +85,13 @@ def test_the_real_engine_continues_after_the_tool_answer(model_dir):
         assert float((torch.tensor([r.log_probs[k] for k in second]) - ref[:, 0]).abs().max()) < 1e-4
 
 
-def test_training_through_the_entry_point_with_tools_on(tmp_path):
+def test_training_through_the_entry_point_with_tools_on(ray_session, tmp_path):
     from verl_async.utils.tb_read import read_scalars
 
     splits = arithmetic_tools.generate_splits("calculator", 32, 2, seed=5)
     train, test = (write_rows(splits[s], str(tmp_path / f"{s}.parquet")) for s in ("train", "test"))
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "recipe.fully_async_main",
+    cmd = [  # the command in this process, on the session's Ray (tests/entry_point.py)
         f"actor_rollout_ref.model.path={MODEL}", f"data.train_files={train}", f"data.val_files={test}",
         "data.max_prompt_length=384", "data.max_response_length=40",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.temperature=0.7",
@@ -105,8 +103,7 @@ def test_training_through_the_entry_point_with_tools_on(tmp_path):
         "trainer.logger=[console,tensorboard]", f"trainer.default_local_dir={run_dir}",
         f"hydra.run.dir={tmp_path / 'hydra'}", "ray_init.num_cpus=4",
     ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=540,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = run_main(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     scalars = read_scalars(str(run_dir))
     assert len(scalars["actor/pg_loss"]) == 2

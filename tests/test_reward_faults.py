@@ -214,14 +214,15 @@ def test_end_of_run_summary_counts_failed_scores(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_run_with_an_always_raising_reward_function_fails_with_one_line(tmp_path, tiny_model_dir, scorer_file):
+def test_run_with_an_always_raising_reward_function_fails_with_one_line(ray_session, tmp_path, tiny_model_dir,
+                                                                       scorer_file):
     """The CLI end to end: it trained on zero reward and exited 0; now it stops, exit 1, with the one line."""
-    from tests.test_fault_injection import run_main
+    from tests.test_fault_injection import run_failing
     from verl_async.data import builtin, write_rows
 
     train = str(tmp_path / "train.parquet")
     write_rows(builtin.generate_rows("train", 8, seed=3), train)
-    proc, _ = run_main(tmp_path, tiny_model_dir, (train, train), "null", "trainer.val_before_train=false",
+    proc, _ = run_failing(tmp_path, tiny_model_dir, (train, train), "null", "trainer.val_before_train=false",
                           f"custom_reward_function.path={scorer_file}", "custom_reward_function.name=always_raises",
                           "reward_model.max_error_rate=0.25", "reward_model.error_window=8")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]

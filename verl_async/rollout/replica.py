@@ -202,12 +202,25 @@ def start_replicas(
     replica's larger max_num_seqs). `placement`: replica i runs in its bundle (rollout_node_plan);
     without one Ray places the replicas.
     """
+    return await_replicas(launch_replicas(count, spec, engine_overrides=engine_overrides, placement=placement),
+                          timeout_s)
+
+
+def launch_replicas(
+    count: int,
+    spec: ReplicaSpec,
+    *,
+    engine_overrides: Optional[Sequence[Mapping[str, Any]]] = None,
+    placement: Optional[Reservation] = None,
+) -> list[Any]:
+    """Create the replica actors and return their handles at once: each starts its process and loads its model
+    while the caller prepares the rest (the Rollouter its tokenizer, data and reward). `await_replicas` waits."""
     tp = int(spec.rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
     if engine_overrides is not None and len(engine_overrides) != count:
         raise ValueError(f"engine_overrides has {len(engine_overrides)} entries for {count} replicas")
     actor_cls = ray.remote(EngineReplica)
     run_tag = uuid.uuid4().hex[:8]  # names show up in `ray list actors` and let operators find a replica
-    handles = [
+    return [
         actor_cls.options(
             max_concurrency=1000, name=f"verl_async_replica{i}_{run_tag}",
             **replica_actor_options(spec.device, tp, colocated=bool(spec.shared_devices)),
@@ -215,17 +228,30 @@ def start_replicas(
         ).remote(spec, i, engine_overrides[i] if engine_overrides is not None else None)
         for i in range(count)
     ]
+
+
+def await_replicas(handles: Sequence[Any], timeout_s: float) -> list[RemoteEngine]:
+    """Wait until every launched replica has loaded its model; after `timeout_s` kill them all and raise
+    ReplicaStartTimeout naming the late ones."""
+    count = len(handles)
     try:
         for _, ref, left in finished_in_turn({f"replica {i}": h.ready.remote() for i, h in enumerate(handles)},
                                              timeout_s):
             ray.get(ref, timeout=left)
     except WaitTimeout as late:
-        for handle in handles:  # none is left loading or holding devices
-            ray.kill(handle)
+        kill_replicas(handles)  # none is left loading or holding devices
         raise ReplicaStartTimeout(f"{', '.join(late.pending)} of {count} engine replica(s) did not load the model "
                                   f"and start within {timeout_s:g} s (stuck or dead; raise {START_TIMEOUT_KEY} if only "
                                   "slow)") from None
     return [RemoteEngine(h, i) for i, h in enumerate(handles)]
+
+
+def kill_replicas(handles: Sequence[Any]) -> None:
+    for handle in handles:
+        try:
+            ray.kill(handle)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
 
 
 class SyncTarget:

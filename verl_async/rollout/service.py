@@ -160,7 +160,7 @@ class RolloutService:
         engines: Optional[Sequence[InferenceEngine]] = None,
         shared_dirs: Sequence[SharedDir] = (),
     ) -> None:
-        from verl_async.rollout.replica import ReplicaSpec, start_replicas
+        from verl_async.rollout.replica import ReplicaSpec, await_replicas, kill_replicas, launch_replicas
 
         verify_here(shared_dirs, "the Rollouter")
         self.reservation: Optional[Reservation] = None
@@ -168,41 +168,47 @@ class RolloutService:
         self.queue = queue_handle
         rollout_cfg = cfg.actor_rollout_ref.rollout
         model_cfg = cfg.actor_rollout_ref.model
-        self.tokenizer = run_tokenizer(model_cfg, model_path)
-        self.agent_loop = ToolAgentLoop.from_config(rollout_cfg, self.tokenizer)  # None: single-turn
-        tools = self.agent_loop.schemas if self.agent_loop else None
-        self.dataset = dataset_from_config(cfg.data, self.tokenizer, "train", tools=tools)
-        self.val_dataset = dataset_from_config(cfg.data, self.tokenizer, "val", tools=tools) if cfg.data.val_files else None
-        epochs = int(cfg.rollout.total_epochs)
-        self.iterator = PromptIterator(self.dataset, shuffle=bool(cfg.data.shuffle), seed=int(cfg.data.seed), total_epochs=epochs)
-        self.source = DatasetPromptSource(self.iterator)
-        self.reward = build_reward_manager(
-            cfg.reward_model, cfg.custom_reward_function, self.tokenizer,
-            max_response_length=int(cfg.data.max_response_length), sandbox_fusion=cfg.reward.sandbox_fusion,
-        )
         required = required_samples(cfg)
         count = max(1, rollout_replicas(cfg)) if engines is None else len(engines)
         scheduling, scheduling_kwargs, capacities = scheduling_from_config(
             cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs), required
         )
-        if engines is None:
-            spec = ReplicaSpec(
-                rollout_cfg, model_path, str(cfg.trainer.device),
-                trust_remote_code=bool(model_cfg.trust_remote_code),
-                override_config=dict(model_cfg.override_config or {}),
-                shared_devices=colocated_device_ids(cfg),
-                fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
-                shared_dirs=tuple(shared_dirs),
+        launched: list[Any] = []
+        try:
+            if engines is None:  # the replicas start their processes and load the model while this one loads the rest
+                spec = ReplicaSpec(
+                    rollout_cfg, model_path, str(cfg.trainer.device),
+                    trust_remote_code=bool(model_cfg.trust_remote_code),
+                    override_config=dict(model_cfg.override_config or {}),
+                    shared_devices=colocated_device_ids(cfg),
+                    fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
+                    shared_dirs=tuple(shared_dirs),
+                )
+                if not spec.shared_devices:  # colocated replicas go where the trainer's devices are
+                    self.reservation = reserve(rollout_plan(cfg), replica_start_timeout_s(cfg))
+                launched = launch_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities],
+                                           placement=self.reservation)
+            self.tokenizer = run_tokenizer(model_cfg, model_path)
+            self.agent_loop = ToolAgentLoop.from_config(rollout_cfg, self.tokenizer)  # None: single-turn
+            tools = self.agent_loop.schemas if self.agent_loop else None
+            self.dataset = dataset_from_config(cfg.data, self.tokenizer, "train", tools=tools)
+            self.val_dataset = (dataset_from_config(cfg.data, self.tokenizer, "val", tools=tools)
+                                if cfg.data.val_files else None)
+            epochs = int(cfg.rollout.total_epochs)
+            self.iterator = PromptIterator(self.dataset, shuffle=bool(cfg.data.shuffle), seed=int(cfg.data.seed),
+                                           total_epochs=epochs)
+            self.source = DatasetPromptSource(self.iterator)
+            self.reward = build_reward_manager(
+                cfg.reward_model, cfg.custom_reward_function, self.tokenizer,
+                max_response_length=int(cfg.data.max_response_length), sandbox_fusion=cfg.reward.sandbox_fusion,
             )
-            if not spec.shared_devices:  # colocated replicas go where the trainer's devices are
-                self.reservation = reserve(rollout_plan(cfg), replica_start_timeout_s(cfg))
-            try:
-                engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities],
-                                         timeout_s=replica_start_timeout_s(cfg), placement=self.reservation)
-            except BaseException:  # no shutdown() follows a failed start: give the devices back here
-                if self.reservation is not None:
-                    self.reservation.release()
-                raise
+            if engines is None:
+                engines = await_replicas(launched, replica_start_timeout_s(cfg))  # kills them all when late
+        except BaseException:  # no shutdown() follows a failed start: stop the replicas, give the devices back here
+            kill_replicas(launched)
+            if self.reservation is not None:
+                self.reservation.release()
+            raise
         self.engines = list(engines)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.limit = max_required_samples(cfg)
