@@ -116,6 +116,7 @@ class Rollouter:
         self._retry: collections.deque[PromptTask] = collections.deque()  # dropped prompts to generate again
         self._source_done = False
         self._inflight: dict[str, tuple[PromptTask, asyncio.Task]] = {}
+        self._admitted_at: dict[str, int] = {}  # in-flight uid -> the version it was admitted under
         self._requests_on: list[dict[str, float]] = [{} for _ in self.engines]  # request id -> start (monotonic)
         # concurrent sequences each replica runs (max_num_seqs); pick_engine balances load / capacity
         self.engine_capacity = [max(1, int(c)) for c in (engine_capacity or [1] * len(self.engines))]
@@ -242,6 +243,11 @@ class Rollouter:
     def inflight_groups(self) -> int:
         return len(self._inflight)
 
+    def oldest_inflight_version(self) -> Optional[int]:
+        """The oldest weight version a group still in flight was admitted under (None: none in flight)."""
+        live = [self._admitted_at[uid] for uid in self._inflight if uid in self._admitted_at]
+        return min(live) if live else None
+
     @property
     def in_sync(self) -> bool:
         """Inside a weight sync (generation paused on purpose)."""
@@ -266,11 +272,13 @@ class Rollouter:
         self.counters.started_groups += 1
         task = asyncio.create_task(self._run_group(item), name=f"group-{item.uid}")
         self._inflight[item.uid] = (item, task)
+        self._admitted_at[item.uid] = self.version
         task.add_done_callback(lambda t, uid=item.uid: self._on_group_done(uid, t))
 
     def _on_group_done(self, uid: str, task: asyncio.Task) -> None:
         if uid in self._inflight and self._inflight[uid][1] is task:  # a retry of the uid may run already
             del self._inflight[uid]
+            self._admitted_at.pop(uid, None)
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
             logger.error("group %s failed: %r", uid, self._failure)
@@ -302,6 +310,7 @@ class Rollouter:
             param_version_start=version_start,
             param_version_end=self.version,
         )
+        self._admitted_at.pop(item.uid, None)  # generated and scored: no longer "in flight" for a V1 wait
         finish = self.timeline.now()
         self.group_latencies.append(finish - submit)
         if self.lengths_log:

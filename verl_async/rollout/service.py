@@ -311,6 +311,10 @@ class RolloutService:
     def release_budget(self, groups: int) -> None:
         self.rollouter.release_budget(groups)
 
+    def oldest_inflight_version(self) -> Optional[int]:
+        """For `trainer.v1.sampler.max_off_policy_strategy=wait` (verl_async/off_policy.py)."""
+        return self.rollouter.oldest_inflight_version()
+
     def budget_stall(self) -> dict[str, float]:
         """How long the Rollouter has idled on its staleness budget (the trainer's deadlock check)."""
         ro = self.rollouter
