@@ -231,7 +231,7 @@ def test_colocate_disrm_script_maps_its_reward_model(home, tmp_path):
 
 
 def test_opd_script_maps_its_teachers(home, tmp_path):
-    from verl_async.teachers.config import teachers_from_config
+    from verl_async.config.distillation import distillation_spec
 
     cfg = _mapped("v1_separate_async_opd", home, tmp_path)
     dist = cfg.distillation
@@ -239,7 +239,8 @@ def test_opd_script_maps_its_teachers(home, tmp_path):
     loss = dist.distillation_loss
     assert (loss.loss_mode, loss.topk, loss.use_task_rewards, loss.use_policy_gradient, loss.loss_max_clamp,
             loss.log_prob_min_clamp) == ("k1", 64, False, True, 10.0, -10.0)
-    teachers = teachers_from_config(cfg)
-    assert sorted(t.key for t in teachers.models) == ["hiyouga/geometry3k", "openai/gsm8k"]
-    assert all(t.num_replicas == 1 for t in teachers.models)
+    spec = distillation_spec(cfg)
+    assert sorted(t.key for t in spec.teachers) == ["hiyouga/geometry3k", "openai/gsm8k"]
+    assert [t.num_replicas for t in spec.teachers] == [1, 1] and (spec.nnodes, spec.n_gpus_per_node) == (1, 2)
+    assert spec.route("hiyouga/geometry3k") == "hiyouga/geometry3k" and spec.loss.uses_topk is False
     assert cfg.actor_rollout_ref.actor.strategy == "megatron"

@@ -381,6 +381,14 @@ def colocation(cfg: DictConfig) -> None:
         )
 
 
+@check
+def distillation(cfg: DictConfig) -> None:
+    """`distillation.*`: the teachers and verl's rules (config/distillation.py)."""
+    from verl_async.config.distillation import check_distillation
+
+    check_distillation(cfg)
+
+
 # --------------------------------------------------------------------------- observability
 @check
 def loggers(cfg: DictConfig) -> None:

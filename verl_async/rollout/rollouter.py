@@ -89,6 +89,7 @@ class Rollouter:
         progress_timeout_s: Optional[float] = None,
         group_filter: Optional[GroupFilter] = None,
         agent_loop: Optional[Any] = None,
+        response_hook: Optional[Callable[[PromptTask, Response], Any]] = None,
     ) -> None:
         if not engines:
             raise ValueError("Rollouter needs at least one engine replica")
@@ -138,6 +139,9 @@ class Rollouter:
         self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
         self._serial = 0
         self.agent_loop = agent_loop  # multi-turn: rollout/agent_loop.ToolAgentLoop, one trajectory per response
+        # awaited with each finished response while the group's others still generate (distillation's teachers,
+        # verl_async/teachers/); must skip a response it has seen: it runs again on the whole group before scoring
+        self.response_hook = response_hook
         self.policy = (scheduling or PlainPolicy)(self, **dict(scheduling_kwargs or {}))
         for path in (lengths_log, failed_log):
             if path:
@@ -294,6 +298,8 @@ class Rollouter:
         responses: list[Response] = list(results)
         if len(responses) != self.n:
             raise RuntimeError(f"scheduling policy returned {len(responses)} responses for {item.uid}, expected {self.n}")
+        if self.response_hook is not None:  # responses a scheduling policy produced without generate_response
+            await asyncio.gather(*(self.response_hook(item, r) for r in responses))
         scores = await self.scorer(item, responses)
         for resp, (reward, info) in zip(responses, scores):
             resp.reward = float(reward)
@@ -381,8 +387,12 @@ class Rollouter:
     async def generate_response(self, item: PromptTask, i: int) -> Optional[Response]:
         """Response `i` of `item`: one generation, or a whole tool-using trajectory with an agent loop."""
         if self.agent_loop is not None:
-            return await self.agent_loop.generate_response(self, item, i)
-        return await self.generate_one(item, i)
+            response = await self.agent_loop.generate_response(self, item, i)
+        else:
+            response = await self.generate_one(item, i)
+        if response is not None and self.response_hook is not None:
+            await self.response_hook(item, response)
+        return response
 
     async def generate_one(
         self,

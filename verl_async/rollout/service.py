@@ -32,6 +32,7 @@ from verl_async.rollout.group_filter import GroupFilter
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
+from verl_async.rollout.side_models import shutdown as shutdown_side_models, teacher_pool
 from verl_async.config.derived import (
     colocated_device_ids,
     max_required_samples,
@@ -210,6 +211,7 @@ class RolloutService:
         total = cfg.rollout.total_rollout_steps
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
         self.group_filter = GroupFilter.from_config(cfg.algorithm.get("filter_groups"), required, run_dir)
+        self.teachers = teacher_pool(cfg)  # distillation.enabled: the teachers score each finished response
         self.rollouter = Rollouter(
             engines=self.engines,
             prompts=self.source,
@@ -233,6 +235,7 @@ class RolloutService:
                                                   int(rollout_cfg.prompt_length), int(rollout_cfg.response_length)),
             group_filter=self.group_filter,
             agent_loop=self.agent_loop,
+            response_hook=None if self.teachers is None else self.teachers.annotate,
         )
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
@@ -280,6 +283,8 @@ class RolloutService:
         if self.reservation is not None:
             self.reservation.release()
             self.reservation = None
+        if self.teachers is not None:
+            shutdown_side_models(self.teachers.replicas)
         self.reward.close()
 
     def placement(self) -> str:
@@ -332,6 +337,8 @@ class RolloutService:
         out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
         out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)
         out.update(scheduling_metrics(self.rollouter, wall))
+        if self.teachers is not None:
+            out.update(self.teachers.metrics())
         if self.group_filter is not None:
             out.update(self.group_filter.metrics())
         if self.agent_loop is not None:
