@@ -32,7 +32,7 @@ from verl_async.rollout.group_filter import GroupFilter
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
-from verl_async.rollout.side_models import shutdown as shutdown_side_models, teacher_pool
+from verl_async.rollout.side_models import reward_model_scorer, shutdown as shutdown_side_models, teacher_pool
 from verl_async.config.derived import (
     colocated_device_ids,
     max_required_samples,
@@ -80,6 +80,7 @@ class DatasetPromptSource:
             ground_truth=item.ground_truth,
             extra_info=dict(item.extra_info or {}),
             agent_name=item.agent_name,
+            messages=[dict(m) for m in (item.messages or [])],
         )
 
     def next(self) -> Optional[PromptTask]:
@@ -212,10 +213,14 @@ class RolloutService:
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
         self.group_filter = GroupFilter.from_config(cfg.algorithm.get("filter_groups"), required, run_dir)
         self.teachers = teacher_pool(cfg)  # distillation.enabled: the teachers score each finished response
+        # reward.reward_model.enable: the model scores each group (with the rule reward when use_task_rewards)
+        self.reward_model = reward_model_scorer(cfg, manager=self.reward, rule_scorer=RewardScorer(self.reward),
+                                                policy_tokenizer=self.tokenizer)
+        self.scorer = self.reward_model or RewardScorer(self.reward)
         self.rollouter = Rollouter(
             engines=self.engines,
             prompts=self.source,
-            scorer=RewardScorer(self.reward),
+            scorer=self.scorer,
             sink=QueueSink(queue_handle),
             n=n,
             sampling=sampling_from(rollout_cfg, eos),
@@ -285,6 +290,8 @@ class RolloutService:
             self.reservation = None
         if self.teachers is not None:
             shutdown_side_models(self.teachers.replicas)
+        if self.reward_model is not None:
+            shutdown_side_models(self.reward_model.actors)
         self.reward.close()
 
     def placement(self) -> str:
@@ -339,6 +346,8 @@ class RolloutService:
         out.update(scheduling_metrics(self.rollouter, wall))
         if self.teachers is not None:
             out.update(self.teachers.metrics())
+        if self.reward_model is not None:
+            out.update(self.reward_model.metrics())
         if self.group_filter is not None:
             out.update(self.group_filter.metrics())
         if self.agent_loop is not None:

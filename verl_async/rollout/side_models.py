@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from verl_async.config.derived import colocated_device_ids, replica_start_timeout_s
 from verl_async.config.distillation import DistillationSpec, distillation_spec
-from verl_async.teachers.pool import ReplicaPlan, TeacherPool, TeacherReplica
+from verl_async.teachers.pool import TeacherPool, TeacherReplica
+from verl_async.utils.replica_plan import ReplicaPlan
 from verl_async.utils.waiting import WaitTimeout, finished_in_turn
 
 START_TIMEOUT_KEY = "rollout.start_timeout_s"
@@ -77,3 +78,58 @@ def shutdown(handles: dict[str, list[Any]]) -> None:
                 ray.kill(h)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+
+
+def judge_rollout_config(cfg: Any, spec: Any) -> dict[str, Any]:
+    """The judge's engine settings: reward.reward_model.rollout's serving keys on the native engine."""
+    rm_rollout = OmegaConf.to_container(cfg.reward.reward_model.rollout, resolve=True) or {}
+    keys = ("dtype", "gpu_memory_utilization", "max_num_batched_tokens", "max_model_len", "max_num_seqs", "seed",
+            "enforce_eager", "engine_kwargs", "prompt_length", "response_length", "free_cache_engine")
+    out = {k: rm_rollout[k] for k in keys if rm_rollout.get(k) is not None}
+    out.update(name="native", tensor_model_parallel_size=1, true_on_policy=False, kv_cache_tokens=None,
+               prompt_length=spec.max_input_tokens, response_length=spec.max_new_tokens)
+    return out
+
+
+def reward_model_scorer(cfg: Any, *, manager: Any, rule_scorer: Any, policy_tokenizer: Any) -> Optional[Any]:
+    """The run's reward model as the Rollouter's group scorer (None without reward.reward_model.enable), and the
+    replicas it started (`.replicas`: classifier actors or judge engines)."""
+    from verl_async.config.reward_model import reward_model_spec
+    from verl_async.models.builtin import resolve_model_path
+    from verl_async.models.loading import load_tokenizer
+    from verl_async.reward_models.models import ClassifierReplica, model_kind
+    from verl_async.reward_models.scorer import RewardModelScorer
+    from verl_async.rollout.engine import GenerateRequest, SamplingParams
+    from verl_async.rollout.replica import ReplicaSpec, start_replicas
+
+    if not OmegaConf.select(cfg, "reward.reward_model.enable", default=False):
+        return None
+    spec = reward_model_spec(cfg)
+    path = resolve_model_path(spec.model_path)
+    kind = model_kind(path, spec.trust_remote_code)
+    rm_tokenizer = load_tokenizer(path, trust_remote_code=spec.trust_remote_code)
+    plan = replica_plan(cfg, own_devices=spec.own_devices)
+    common = dict(manager=manager, rule_scorer=rule_scorer, policy_tokenizer=policy_tokenizer,
+                  rm_tokenizer=rm_tokenizer)
+    if kind == "discriminative":
+        handles = start_actors(ClassifierReplica, {"rm": spec.replicas}, {"rm": (path, plan)},
+                               {"rm": dict(dtype=spec.dtype, max_num_seqs=spec.max_num_seqs,
+                                           max_num_batched_tokens=spec.max_num_batched_tokens,
+                                           trust_remote_code=spec.trust_remote_code)},
+                               plan, replica_start_timeout_s(cfg), "reward_model")
+        scorer = RewardModelScorer(spec, kind, replicas=handles["rm"], remote=True, **common)
+        scorer.actors = handles
+        return scorer
+    eos = rm_tokenizer.eos_token_id
+    sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+                              max_tokens=spec.max_new_tokens, stop_token_ids=() if eos is None else (int(eos),),
+                              seed=int(cfg.trainer.seed))
+    engines = start_replicas(spec.replicas, ReplicaSpec(judge_rollout_config(cfg, spec), path, plan.device,
+                                                        trust_remote_code=spec.trust_remote_code,
+                                                        shared_devices=plan.pinned),
+                             timeout_s=replica_start_timeout_s(cfg))
+    scorer = RewardModelScorer(spec, kind, replicas=engines, remote=False,
+                               judge_request=lambda rid, ids: GenerateRequest(request_id=rid, prompt_ids=ids,
+                                                                              sampling=sampling), **common)
+    scorer.actors = {"judge": [e.handle for e in engines]}
+    return scorer

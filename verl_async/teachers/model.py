@@ -17,9 +17,6 @@ import torch
 
 from verl_async.utils.microbatch import chunks
 
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-                "float32": torch.float32, "fp32": torch.float32}
-
 
 @dataclass(frozen=True)
 class TeacherRequest:

@@ -12,44 +12,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-import torch
-
 from verl_async.protocol import Response
-from verl_async.teachers.model import TORCH_DTYPES, TeacherModel, TeacherOutput, TeacherRequest
-from verl_async.utils import device as device_layer
+from verl_async.teachers.model import TeacherModel, TeacherOutput, TeacherRequest
+from verl_async.utils.replica_plan import ReplicaPlan
 from verl_async.utils.microbatch import MicroBatcher
 
 logger = logging.getLogger("verl_async.teachers")
-
-
-@dataclass(frozen=True)
-class ReplicaPlan:
-    """Where a model replica of the rollout side (a teacher, a reward model) runs."""
-
-    device: str  # cuda | npu | cpu
-    pinned: Optional[Sequence[str]] = None  # device ids it shares (beside colocated engines); None: its own device
-
-    def actor_options(self) -> dict[str, Any]:
-        """Ray resources: its own accelerator, none (pinned: the ids are another actor's), or a small CPU share."""
-        if self.device == "cpu":
-            return {"num_cpus": 0.25}
-        if self.pinned:
-            return {"num_cpus": 1}
-        if self.device == "cuda":
-            return {"num_gpus": 1, "num_cpus": 1}
-        return {"resources": {device_layer.ray_resource_name(self.device): 1}, "num_cpus": 1}
-
-    def enter(self) -> torch.device:
-        """In the replica's process, before the first accelerator call: pin the shared ids, select the device."""
-        if self.pinned and self.device != "cpu":
-            os.environ[device_layer.visible_devices_env(self.device)] = str(self.pinned[0])
-        spec = device_layer.resolve(self.device)
-        spec.set_current()
-        return spec.torch_device
 
 
 class TeacherReplica:
@@ -58,8 +28,7 @@ class TeacherReplica:
     def __init__(self, model_path: str, plan: ReplicaPlan, *, dtype: str = "float32", topk: Optional[int] = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 8192, trust_remote_code: bool = False) -> None:
         device = plan.enter()
-        torch_dtype = TORCH_DTYPES[dtype] if plan.device != "cpu" else torch.float32  # CPU: float32, as the engine
-        self.model = TeacherModel(model_path, device=str(device), dtype=torch_dtype, topk=topk,
+        self.model = TeacherModel(model_path, device=str(device), dtype=plan.dtype(dtype), topk=topk,
                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                   trust_remote_code=trust_remote_code)
         self.batcher: MicroBatcher[TeacherRequest, TeacherOutput] = MicroBatcher(
