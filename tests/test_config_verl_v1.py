@@ -210,3 +210,32 @@ def test_queue_oldest_first_takes_the_oldest_admitted_groups():
         return [g.uid for g in first], [g.uid for g in rest]
 
     assert asyncio.run(run()) == (["b", "d"], ["a", "c"])  # FIFO among equals; the rest keep their order
+
+
+def test_trainer_waits_for_the_groups_that_reached_the_threshold(tmp_path, monkeypatch):
+    """max_off_policy_strategy=wait: the trainer holds its next step while a group admitted long ago is in flight."""
+    import time as _time
+
+    from verl_async.trainer import trainer as trainer_mod
+    from verl_async.trainer.trainer import Trainer
+
+    cfg = v(SEPARATE + ["trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.v1.sampler."
+                        "max_off_policy_threshold=3", "trainer.logger=[file]", f"trainer.default_local_dir={tmp_path}"])
+    answers = [0, 0, 2, None]  # the oldest in-flight group's admission version, poll after poll
+
+    class Method:
+        def __init__(self, fn):
+            self.remote = fn
+
+    class Rollouter:
+        oldest_inflight_version = Method(lambda: answers.pop(0))
+
+    t = Trainer(cfg, queue=None, rollouter=Rollouter(), run_dir=str(tmp_path), run_start=_time.time(), pad_token_id=0)
+    monkeypatch.setattr(t, "_call", lambda ref, what, extra_s=0.0: ref)
+    monkeypatch.setattr(trainer_mod, "QUEUE_POLL_S", 0.01)
+    t.version = 2  # a group admitted under version 0 has spanned 3 versions: wait until it is out
+    t._wait_off_policy()
+    assert answers == [None]  # polled 0, 0 (wait), then 2 (span 1 < 3): trains
+    t.version, answers[:] = 5, [3, 4, 0]
+    t._wait_off_policy()
+    assert answers == [0]  # the group admitted at 3 spans 3, the threshold: wait; one admitted at 4 spans 2: go
