@@ -102,3 +102,27 @@ def test_keys_of_a_disabled_distillation_are_named(caplog):
     with caplog.at_level(logging.WARNING, logger="verl_async.config"):
         validate(compose("fully_async_ppo_trainer", ["distillation.teacher_key=task"]))
     assert "distillation.teacher_key='task' has no effect with distillation.enabled=false" in caplog.text
+
+
+def test_the_dry_run_looks_at_the_teachers_folders(tmp_path, tiny_model_dir):
+    from verl_async.config.distillation import preflight_side_models
+
+    class Tok:
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+    cfg = validate(compose("fully_async_ppo_trainer", ["distillation.enabled=true",
+                                                       f"distillation.teacher_models.teacher_model.model_path={tmp_path}"]))
+    with pytest.raises(ConfigError, match="no model folder there"):
+        preflight_side_models(cfg, Tok(10))
+    cfg.distillation.teacher_models.teacher_model.model_path = tiny_model_dir
+    preflight_side_models(cfg, Tok(100))
+    with pytest.raises(ConfigError, match="fewer than the student's 100000; a teacher must share the student's"):
+        preflight_side_models(cfg, Tok(100000))
+    cfg.distillation.enabled = False
+    cfg.reward.reward_model.enable = True
+    cfg.reward.reward_model.model_path = tiny_model_dir
+    preflight_side_models(cfg, Tok(100000))  # a causal LM: a judge

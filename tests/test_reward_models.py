@@ -11,7 +11,8 @@ from verl_async.config import ConfigError, compose, validate
 from verl_async.config.reward_model import reward_model_spec
 from verl_async.protocol import Response
 from verl_async.reward import RewardFunctionError, build_reward_manager
-from verl_async.reward_models.models import ClassifierModel, ClassifierReplica, model_kind
+from verl_async.config.reward_model import model_kind
+from verl_async.reward_models.models import ClassifierModel, ClassifierReplica
 from verl_async.reward_models.scorer import RewardModelScorer
 from verl_async.reward_models.scoring import (
     ModelScore,

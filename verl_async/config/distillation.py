@@ -189,3 +189,50 @@ def check_distillation(cfg: DictConfig) -> None:
         problem = beside_engines_problem(cfg, f"{_D}.nnodes", "0 puts the teachers; a teacher")
         if problem is not None:
             raise problem
+
+
+def _local_model(key: str, path: str) -> Optional[str]:
+    """The local folder of a model path (None: an HF id, left to the hub); a missing local one is an error."""
+    import os
+
+    from verl_async.models.builtin import resolve_model_path
+    from verl_async.models.names import is_builtin, is_gguf
+
+    if is_builtin(path) or is_gguf(path):
+        try:
+            return resolve_model_path(path)
+        except (ValueError, FileNotFoundError) as exc:
+            raise ConfigError(key, str(exc)) from None
+    expanded = os.path.expanduser(path)
+    if path.startswith(("/", ".", "~")) or os.path.exists(expanded):
+        if not os.path.isfile(os.path.join(expanded, "config.json")):
+            raise ConfigError(key, f"{path}: no model folder there (no config.json)")
+        return expanded
+    return None
+
+
+def preflight_side_models(cfg: DictConfig, tokenizer: Any) -> None:
+    """The dry run's look at the teachers' and the reward model's folders: they exist, a teacher shares the
+    student's vocabulary (it scores the student's token ids), a reward model is a classifier or a causal LM."""
+    from verl_async.models.loading import load_hf_config
+
+    spec = distillation_spec(cfg)
+    for teacher in spec.teachers if spec is not None else ():
+        key = f"{_D}.teacher_models.{teacher.name}.model_path"
+        folder = _local_model(key, teacher.model_path)
+        if folder is None:
+            continue
+        vocab = int(getattr(load_hf_config(folder), "vocab_size", 0) or 0)
+        if vocab < len(tokenizer):
+            raise ConfigError(key, f"{teacher.model_path}: a vocabulary of {vocab} tokens, fewer than the student's "
+                                   f"{len(tokenizer)}; a teacher must share the student's tokenizer")
+    if OmegaConf.select(cfg, "reward.reward_model.enable", default=False):
+        key = "reward.reward_model.model_path"
+        folder = _local_model(key, str(cfg.reward.reward_model.model_path))
+        if folder is not None:
+            from verl_async.config.reward_model import model_kind
+
+            try:
+                model_kind(folder)
+            except ValueError as exc:
+                raise ConfigError(key, str(exc).split(": ", 1)[-1]) from None

@@ -110,3 +110,18 @@ def reward_model_spec(cfg: DictConfig) -> Optional[RewardModelSpec]:
 
 def check_reward_model(cfg: Any) -> None:
     reward_model_spec(cfg)
+
+
+def model_kind(model_path: str, trust_remote_code: bool = False) -> str:
+    """"discriminative" (a *ForSequenceClassification) or "generative" (a causal LM: a judge), from its config."""
+    from verl_async.models.builtin import resolve_model_path
+    from verl_async.models.loading import load_hf_config
+
+    config = load_hf_config(resolve_model_path(model_path), trust_remote_code=trust_remote_code)
+    archs = list(getattr(config, "architectures", None) or [])
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        return "discriminative"
+    if any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in archs):
+        return "generative"
+    raise ValueError(f"reward.reward_model.model_path={model_path!r}: architectures {archs or 'unknown'} are neither "
+                     "a sequence classifier (a discriminative reward model) nor a causal LM (a judge)")

@@ -97,7 +97,8 @@ def reward_model_scorer(cfg: Any, *, manager: Any, rule_scorer: Any, policy_toke
     from verl_async.config.reward_model import reward_model_spec
     from verl_async.models.builtin import resolve_model_path
     from verl_async.models.loading import load_tokenizer
-    from verl_async.reward_models.models import ClassifierReplica, model_kind
+    from verl_async.config.reward_model import model_kind
+    from verl_async.reward_models.models import ClassifierReplica
     from verl_async.reward_models.scorer import RewardModelScorer
     from verl_async.rollout.engine import GenerateRequest, SamplingParams
     from verl_async.rollout.replica import ReplicaSpec, start_replicas
