@@ -17,8 +17,8 @@ from verl_async.rollout.engine import SamplingParams
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.staleness import StalenessBudget
 from verl_async.teachers.model import TeacherModel, TeacherRequest
-from verl_async.teachers.pool import TeacherPool, TeacherReplica
-from verl_async.utils.replica_plan import ReplicaPlan, routing_value
+from verl_async.teachers.pool import TeacherPool, TeacherReplica, routing_value
+from verl_async.utils.replica_plan import ReplicaPlan
 from verl_async.trainer.batching import build_model_inputs
 from verl_async.trainer.loss import LossConfig, actor_loss, student_topk
 from verl_async.utils.microbatch import MicroBatcher, chunks

@@ -21,41 +21,16 @@ Masks: every term takes the loss mask (padding and multi-turn tool tokens are 0)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from verl_async.distillation_loss import ESTIMATOR_MODES, TOPK_MODES, DistillationLoss  # noqa: F401 - re-exported
+
 from .kl import kl_penalty
 from .losses import agg_loss, ppo_policy_loss
 
-ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-TOPK_MODES = ("forward_kl_topk",)
 DISTILLATION_CLIP_RATIO_C = 3.0  # verl's vanilla loss reads clip_ratio_c from a config that has none: its default
-
-
-@dataclass(frozen=True)
-class DistillationLoss:
-    """verl's `distillation.distillation_loss.*` (the keys the loss reads)."""
-
-    loss_mode: str = "k3"
-    topk: Optional[int] = None
-    use_task_rewards: bool = True
-    distillation_loss_coef: float = 1.0
-    loss_max_clamp: Optional[float] = None
-    log_prob_min_clamp: Optional[float] = None
-    use_policy_gradient: bool = False
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-
-    def __post_init__(self) -> None:
-        if self.loss_mode not in ESTIMATOR_MODES + TOPK_MODES:
-            raise ValueError(f"distillation loss_mode must be one of {ESTIMATOR_MODES + TOPK_MODES}, got "
-                             f"{self.loss_mode!r}")
-
-    @property
-    def uses_topk(self) -> bool:
-        return self.loss_mode in TOPK_MODES
 
 
 def topk_log_probs(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0,

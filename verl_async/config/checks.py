@@ -84,7 +84,7 @@ def strategy_sections(cfg: DictConfig) -> None:
 @check
 def unsupported_features(cfg: DictConfig) -> None:
     """verl features verl_async does not implement, set on: refused, saying what to do instead."""
-    reward_model = ("verl's older reward-model layout is not read here; use verl 0.9's keys: reward.reward_model."
+    reward_model = ("verl's older reward-model layout is not supported here; use verl 0.9's keys: reward.reward_model."
                     "enable=true reward.reward_model.model_path=... (docs/verl_v1.md)")
     refusals = {
         "actor_rollout_ref.model.lora_rank": (

@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl_async.algos.distillation import DistillationLoss
+from verl_async.distillation_loss import DistillationLoss
 from verl_async.config.errors import ConfigError
 
 _D = "distillation"

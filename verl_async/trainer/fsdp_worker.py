@@ -219,8 +219,8 @@ class FSDPWorker(RankBase):
         out = LogProbRows()
         with eval_mode(model, after=self._offload_if_asked):
             for rows in micro_batches:
-                logp, ent, _, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy,
-                                                use_ref=use_ref)
+                logp, ent = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy,
+                                          use_ref=use_ref)[:2]
                 out.add(rows, logp, ent)
         return out.result(batch["responses"].shape[1], calculate_entropy)
 

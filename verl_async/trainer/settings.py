@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from verl_async.algos.distillation import DistillationLoss
+from verl_async.distillation_loss import DistillationLoss
 from verl_async.algos.logprob import logprob_temperature
 from verl_async.config.derived import rollout_max_model_len
 from verl_async.invariant import attention_span
