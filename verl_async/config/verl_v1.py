@@ -38,7 +38,7 @@ _ROLLOUT = "actor_rollout_ref.rollout"
 # (tests/test_config_verl_v1.py checks them against config/*.yaml)
 OURS_DEFAULTS: Dict[str, Any] = {
     "async_training.staleness_threshold": 0.5,
-    "async_training.trigger_parameter_sync_step": 2,
+    "async_training.trigger_parameter_sync_step": None,  # null: derived.auto_trigger_parameter_sync_step
     "async_training.require_batches": 1,
     "async_training.partial_rollout": True,
     "rollout.colocate": False,
