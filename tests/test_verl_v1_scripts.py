@@ -54,8 +54,8 @@ REFUSALS = {
     # geometry3k's answers are scored by a function of the run's own (verl's geo3k scorer is not ported)
     "v1_separate_async_opd": [(_VLM, ["~data.image_key"]), (
         "data.train_files: {home}/data/geo3k/train.parquet:0: no reward function for data_source='hiyouga/geometry3k' "
-        "(known: DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500, lighteval/MATH, math_dapo, openai/gsm8k, "
-        "verl_async/arithmetic, aime*, verl_async/builtin*); set custom_reward_function.path/name to score it",
+        "(known: DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500, apps, codecontests, codeforces, lighteval/MATH, "
+        "math_dapo, openai/gsm8k, taco, verl_async/arithmetic, aime*, verl_async/builtin*); set custom_reward_function.path/name to score it",
         ["reward.custom_reward_function.path={home}/geo3k_reward.py"])],
 }
 CPU_STANDIN = ["actor_rollout_ref.rollout.checkpoint_engine.backend=null"]
