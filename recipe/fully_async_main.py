@@ -16,7 +16,10 @@ from __future__ import annotations
 import os
 import sys
 
-import hydra
+# before anything loads torch: OpenMP threads sleep instead of spinning while they wait (verl_async/utils/threads.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import hydra  # noqa: E402
 from omegaconf import DictConfig
 
 from verl_async.config import CONFIG_DIR, DEFAULT_CONFIG_NAME, ConfigError, hydra_argv, validate

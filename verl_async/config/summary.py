@@ -44,6 +44,11 @@ def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
         f"per parameter version; partial_rollout {'on' if at.partial_rollout else 'off'}",
         f"outputs      {run_dir(cfg)}  (loggers: {', '.join(t.logger)})",
     ]
+    threads = derived.cpu_threads(cfg)
+    if threads is not None:
+        ranks = t.cpu_threads_per_worker or threads
+        lines.append(f"cpu threads  {ranks} per trainer rank, {threads} per engine replica "
+                     f"(trainer.cpu_threads_per_worker; the cores shared by ranks and replicas)")
     if facts.get("resume") is not None:
         lines.append(f"checkpoint   {facts['resume'].describe()}")
     return "\n".join(lines)

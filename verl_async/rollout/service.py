@@ -34,6 +34,7 @@ from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
 from verl_async.config.derived import (
     colocated_device_ids,
+    cpu_threads,
     max_required_samples,
     replica_start_timeout_s,
     required_samples,
@@ -193,6 +194,7 @@ class RolloutService:
                 shared_devices=colocated_device_ids(cfg),
                 fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
                 shared_dirs=tuple(shared_dirs),
+                cpu_threads=cpu_threads(cfg),
             )
             if not spec.shared_devices:  # colocated replicas go where the trainer's devices are
                 self.reservation = reserve(rollout_plan(cfg), replica_start_timeout_s(cfg))

@@ -113,6 +113,7 @@ class Trainer:
         pad_token_id: int,
         worker_group: Any = None,
         group_source: Optional[Callable[[int], Optional[list[RolloutSample]]]] = None,
+        console_sink: Optional[Callable[[str], None]] = None,
     ) -> None:
         self.cfg = cfg
         self.call_timeout_s = float(cfg.trainer.get("worker_timeout_s", WORKER_TIMEOUT_S))
@@ -137,7 +138,7 @@ class Trainer:
             cfg.trainer.logger, os.path.join(run_dir, "tensorboard"),
             project=str(cfg.trainer.project_name), experiment=str(cfg.trainer.experiment_name),
             config=OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else None,
-            console_keys=CONSOLE_KEYS, file_path=os.path.join(run_dir, "metrics.jsonl"),
+            console_keys=CONSOLE_KEYS, file_path=os.path.join(run_dir, "metrics.jsonl"), console_sink=console_sink,
         )
         self.version = 0
         self.step = 0

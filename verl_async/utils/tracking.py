@@ -17,7 +17,7 @@ import importlib.util
 import math
 import numbers
 import os
-from typing import Any, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence
 
 SUPPORTED_LOGGERS = ("console", "tensorboard", "wandb", "mlflow", "swanlab", "file")
 # verl 0.9's other backends (verl/utils/tracking.py): refused by name, not as unknown
@@ -73,6 +73,7 @@ class Tracker:
         config: Optional[Mapping[str, Any]] = None,
         console_keys: Iterable[str] = (),
         file_path: Optional[str] = None,
+        console_sink: Optional[Callable[[str], None]] = None,
     ) -> None:
         from verl_async.utils import tracking_backends as backends
 
@@ -85,7 +86,7 @@ class Tracker:
             raise ImportError(f"trainer.logger: {missing[0]}")
         run = backends.RunInfo(project=project, experiment=experiment, config=dict(config or {}), log_dir=log_dir,
                                file_path=file_path or os.path.join(log_dir, "metrics.jsonl"),
-                               console_keys=frozenset(console_keys))
+                               console_keys=frozenset(console_keys), console_sink=console_sink)
         self.backends = [backends.BACKENDS[name](run) for name in dict.fromkeys(self.loggers)]
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:

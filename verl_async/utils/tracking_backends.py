@@ -14,7 +14,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional
 
 from verl_async.utils.val_generations import VAL_GENERATIONS_KEY, format_val_generations
 
@@ -30,18 +30,26 @@ class RunInfo:
     log_dir: str  # TensorBoard event files
     file_path: str  # the file logger's JSONL (VERL_FILE_LOGGER_PATH wins)
     console_keys: FrozenSet[str] = field(default_factory=frozenset)  # empty: print every metric
+    # where console lines go (None: print). The pipeline's Trainer collects them and the driver prints them above
+    # its progress bar: printed in the Trainer's actor, Ray's log forwarding glued them onto the bar's line
+    console_sink: Optional[Callable[[str], None]] = None
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
 
 
 class Console:
     def __init__(self, run: RunInfo) -> None:
         self.keys = run.console_keys
+        self.emit = run.console_sink or _print
 
     def log(self, values: Mapping[str, float], finite: Mapping[str, float], step: int) -> None:
         shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()) if not self.keys or k in self.keys)
-        print(f"[{step:>5}] {shown}", flush=True)
+        self.emit(f"[{step:>5}] {shown}")
 
     def log_generations(self, samples: List[dict], step: int) -> None:
-        print(format_val_generations(samples, step, max_chars=CONSOLE_TEXT_CHARS), flush=True)
+        self.emit(format_val_generations(samples, step, max_chars=CONSOLE_TEXT_CHARS))
 
     def close(self) -> None:
         pass
