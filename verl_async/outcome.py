@@ -68,6 +68,9 @@ def zero_steps_error(c: RunCounts) -> Optional[str]:
     causes = _causes(c)
     if causes:
         what = "; ".join(text for _, text, _ in causes)
+        if c.queued == 0 and c.filtered and not (c.failed_prompts or c.dropped_stale):
+            what = (f"algorithm.filter_groups dropped every group generated ({c.filtered}): each group's responses "
+                    "all scored the same")
         return f"trained 0 steps: {what}, so no batch of {c.per_step} groups formed; {causes[0][2]}"
     queued = "no group" if not c.queued else f"only {c.queued} group(s)"
     return (f"trained 0 steps: {queued} reached the trainer, and one step takes {c.per_step}; give the run more "

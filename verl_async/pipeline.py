@@ -38,6 +38,7 @@ from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline
 
 logger = logging.getLogger("verl_async")
 
+LOGGER_ENV = ("TENSORBOARD_DIR", "VERL_FILE_LOGGER_PATH")  # where verl's loggers write (utils/tracking_backends.py)
 LOCAL_NODE_RESOURCE = 1.0  # what a local Ray carries of each named *.node_resource (as `ray start --resources`)
 
 # actor_rollout_ref.actor.strategy -> worker group (verl's FSDP1 "fsdp" runs as FSDP2). Megatron's module
@@ -117,6 +118,9 @@ def ray_init(cfg: Any) -> bool:
         CACHE_KEY: cache_root(),
         **wait_policy_env(),  # OpenMP threads sleep, not spin, while waiting (utils/threads.py)
     }
+    for name in LOGGER_ENV:  # verl's logger locations, as the driver means them (a relative path: its cwd)
+        if os.environ.get(name):
+            env[name] = os.path.abspath(os.path.expanduser(os.environ[name]))
     if cfg.actor_rollout_ref.rollout.get("true_on_policy"):  # BLAS settings read at process start
         from verl_async.invariant.shapes import PROCESS_ENV
 

@@ -24,6 +24,7 @@ from verl_async.config.errors import ConfigError
 from verl_async.config.model_source import prompt_tokenizer
 from verl_async.config.ray_address import check_ray_address
 from verl_async.config.resume import plan_resume
+from verl_async.config.run_folder import claim
 from verl_async.versions import check_transformers
 
 
@@ -55,8 +56,15 @@ def preflight(cfg: DictConfig) -> Dict[str, Any]:
             f"one trainer step needs {need} prompts (ppo_mini_batch_size * async_training.require_batches) "
             f"but data.train_files has only {prompts['train']} rows{unused}",
         )
-    resume = plan_resume(cfg, prompts["train"])
-    return {"rows": rows, "prompts": prompts, "resume": resume}
+    resume, moved = claim(cfg, plan_resume(cfg, prompts["train"]), prompts["train"])  # a folder holds one run (config/run_folder.py)
+    return {"rows": rows, "prompts": prompts, "resume": resume, "run_dir_moved": moved}
+
+
+def with_run_dir(cfg: DictConfig, facts: Dict[str, Any]) -> DictConfig:
+    """`cfg` writing where the preflight decided (a new folder when the configured one holds another run)."""
+    if facts.get("run_dir_moved"):
+        OmegaConf.update(cfg, "trainer.default_local_dir", facts["resume"].root, merge=False)
+    return cfg
 
 
 def check_device(cfg: DictConfig) -> None:

@@ -42,8 +42,10 @@ def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
         f"sync every {at.trigger_parameter_sync_step} step(s) via {at.sync_transport}",
         f"staleness    threshold {at.staleness_threshold} -> at most {derived.max_required_samples(cfg)} groups "
         f"per parameter version; partial_rollout {'on' if at.partial_rollout else 'off'}",
-        f"outputs      {run_dir(cfg)}  (loggers: {', '.join(t.logger)})",
+        f"outputs      {run_dir(cfg)}  (loggers: {', '.join(t.logger)}){_logger_dirs(t.logger)}",
     ]
+    if facts.get("run_dir_moved"):
+        lines.append(f"             {facts['run_dir_moved']}")
     threads = derived.cpu_threads(cfg)
     if threads is not None:
         ranks = t.cpu_threads_per_worker or threads
@@ -52,6 +54,16 @@ def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
     if facts.get("resume") is not None:
         lines.append(f"checkpoint   {facts['resume'].describe()}")
     return "\n".join(lines)
+
+
+def _logger_dirs(loggers: Any) -> str:
+    """Where verl's environment variables move a logger's files (utils/tracking_backends.py)."""
+    import os
+
+    moved = [(name, var) for name, var in (("tensorboard", "TENSORBOARD_DIR"), ("file", "VERL_FILE_LOGGER_PATH"))
+             if name in loggers and os.environ.get(var)]
+    return "".join(f"; {name} in {os.path.abspath(os.path.expanduser(os.environ[var]))} (${var})"
+                   for name, var in moved)
 
 
 def _filter_groups(fg: Any) -> str:

@@ -1,6 +1,7 @@
 """Metrics and validation generations to the loggers of `trainer.logger` (verl's names).
 
-Step = parameter version, as verl's fully-async recipe logs it. Only numbers are logged
+Step = the trainer's step (verl's `training/global_step`); `fully_async/param_version` is a metric
+beside it, and a validation is logged at the step its weight version was made. Only numbers are logged
 as metrics; anything else in a metrics dict is ignored so a stray string never kills a
 run. Backends (verl_async/utils/tracking_backends.py): console, tensorboard, wandb,
 mlflow, swanlab and file (JSONL). verl's other backends are refused by validation, and
@@ -94,6 +95,13 @@ class Tracker:
         finite = {k: v for k, v in values.items() if math.isfinite(v)}
         for backend in self.backends:
             backend.log(values, finite, step)
+
+    def resume(self, step: int) -> None:
+        """A run resumed at `step`: what a crashed process logged after it is dropped where the backend can
+        (the file logger's lines, TensorBoard's events), so each step is logged once."""
+        for backend in self.backends:
+            if hasattr(backend, "resume"):
+                backend.resume(step)
 
     def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
         """Validation samples {input, output, score} at `step` (trainer.log_val_generations)."""

@@ -56,11 +56,21 @@ class Console:
 
 
 class TensorBoard:
+    """Event files in $TENSORBOARD_DIR when set (verl's variable), else the run folder's tensorboard/."""
+
     def __init__(self, run: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        os.makedirs(run.log_dir, exist_ok=True)
-        self.writer = SummaryWriter(log_dir=run.log_dir)
+        self.log_dir = tensorboard_dir(run.log_dir)
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.writer = SummaryWriter(log_dir=self.log_dir)
+
+    def resume(self, step: int) -> None:
+        """Events after `step` (a crashed process's) are hidden from TensorBoard: purge_step=step+1."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()
+        self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=step + 1)
 
     def log(self, values: Mapping[str, float], finite: Mapping[str, float], step: int) -> None:
         for k, v in finite.items():
@@ -73,6 +83,12 @@ class TensorBoard:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def tensorboard_dir(default: str) -> str:
+    """$TENSORBOARD_DIR (verl/utils/tracking.py reads the same variable; the pipeline hands the driver's value,
+    made absolute, to every worker), else `default`."""
+    return os.environ.get("TENSORBOARD_DIR") or default
 
 
 def _generation_columns(samples: List[dict]) -> List[str]:
@@ -91,8 +107,8 @@ class Wandb:
         self.step = -1  # the highest step logged: wandb drops a log at a lower one
 
     def _log(self, payload: Dict[str, Any], step: int) -> None:
-        if step < self.step:  # a validation that finished beside later steps (trainer.val_async): keep its version
-            self.wandb.log({**payload, "val/version": float(step)})
+        if step < self.step:  # a validation that finished beside later steps (trainer.val_async): keep its step
+            self.wandb.log({**payload, "val/step": float(step)})
             return
         self.step = step
         self.wandb.log(payload, step=step)
@@ -179,6 +195,17 @@ class File:
     def __init__(self, run: RunInfo) -> None:
         self.path = os.environ.get("VERL_FILE_LOGGER_PATH") or run.file_path
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self.fh = open(self.path, "a", encoding="utf-8")
+
+    def resume(self, step: int) -> None:
+        """Keep the lines of steps <= `step` (the checkpoint's); later ones belong to the crashed process."""
+        self.fh.close()
+        with open(self.path, encoding="utf-8") as f:
+            keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(keep)
+        os.replace(tmp, self.path)
         self.fh = open(self.path, "a", encoding="utf-8")
 
     def _write(self, data: Mapping[str, Any], step: int) -> None:
