@@ -40,6 +40,9 @@ def main(cfg: DictConfig) -> None:
         cfg = validate(cfg)  # one clear error, naming the key
         facts = preflight(cfg)  # device, engine, model, reward function, every prompt, what is resumed
         cfg = with_run_dir(cfg, facts)  # a folder holds one run: another run's folder gives a new one
+        # a verl script (overrides, none of them async_training.*) is told that it runs fully async, and how not to
+        facts["async_keys_given"] = not TYPED_ARGV or any(a.lstrip("+~").startswith("async_training.")
+                                                          for a in TYPED_ARGV)
         if facts.get("run_dir_moved"):  # a Ctrl-C's resume command continues this run, in its new folder
             TYPED_ARGV[:] = [a for a in TYPED_ARGV if not a.lstrip("+").startswith("trainer.default_local_dir=")]
             TYPED_ARGV.append(f"trainer.default_local_dir={cfg.trainer.default_local_dir}")

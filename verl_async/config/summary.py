@@ -10,6 +10,15 @@ from verl_async.config import derived
 from verl_async.config.run_paths import run_dir
 
 
+# a verl script run as written sets no async_training key: it gets this recipe's fully async defaults
+SYNC_HINT = ("schedule     fully async (no async_training.* key given); for verl's synchronous schedule add "
+             "async_training.staleness_threshold=0 async_training.trigger_parameter_sync_step=1")
+
+
+def _synchronous(at: Any) -> bool:
+    return float(at.staleness_threshold) == 0 and int(at.trigger_parameter_sync_step) == 1
+
+
 def _files(value: Any) -> str:
     return value if isinstance(value, str) else ", ".join(value or []) or "-"
 
@@ -42,6 +51,7 @@ def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
         f"sync every {at.trigger_parameter_sync_step} step(s) via {at.sync_transport}",
         f"staleness    threshold {at.staleness_threshold} -> at most {derived.max_required_samples(cfg)} groups "
         f"per parameter version; partial_rollout {'on' if at.partial_rollout else 'off'}",
+        *([SYNC_HINT] if facts.get("async_keys_given") is False and not _synchronous(at) else []),
         f"outputs      {run_dir(cfg)}  (loggers: {', '.join(t.logger)}){_logger_dirs(t.logger)}",
     ]
     if facts.get("run_dir_moved"):
