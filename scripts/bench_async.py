@@ -44,6 +44,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -54,7 +55,33 @@ from typing import Any, Optional
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-CONFIGS = ("sync", "s0_p1", "s0.5_p1", "s1_p1", "s0_p0", "s0.5_p0", "s1_p0")
+CONFIGS = ("sync", "s0_p1", "s0.5_p1", "s1_p1", "s0_p0", "s0.5_p0", "s1_p0")  # the default grid
+# sync | sS_pP[_tT] (split GPUs) | cS_pP[_tT] (colocated on every GPU, fully async): staleness S, partial rollout P,
+# trigger_parameter_sync_step T (default --trigger)
+CONFIG_RE = re.compile(r"^(?P<layout>[sc])(?P<staleness>\d+(?:\.\d+)?)_p(?P<partial>[01])(?:_t(?P<trigger>\d+))?$")
+# Qwen2.5 shapes as the hub's config.json files state them (random weights, built here)
+SHAPES = {
+    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
+    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+    "3b": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+               intermediate_size=11008, vocab_size=151936, tie_word_embeddings=True),
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+}
+SHAPE_COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+
+
+def parse_config(name: str, default_trigger: int) -> dict[str, Any]:
+    """`sync` or `sS_pP[_tT]` / `cS_pP[_tT]` -> layout, staleness, partial rollout, trigger."""
+    if name == "sync":
+        return {"layout": "colocated", "staleness": 0.0, "partial": False, "trigger": 1}
+    m = CONFIG_RE.match(name)
+    if m is None:
+        raise ValueError(f"config {name!r}: sync, sS_pP[_tT] (split) or cS_pP[_tT] (colocated async)")
+    return {"layout": "split" if m["layout"] == "s" else "colocated", "staleness": float(m["staleness"]),
+            "partial": m["partial"] == "1", "trigger": int(m["trigger"] or default_trigger)}
 
 
 # ------------------------------------------------------------------------------------- workload
@@ -89,32 +116,30 @@ def write_workload(path: str, prompts: int, n: int, *, mean: float, cv_between: 
             "total_response_tokens": sum(lengths)}
 
 
-def build_model(path: str, tiny: bool) -> str:
-    """The random-weight model folder (built in a child process: the driver keeps no GPU memory)."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import bench_train as b; "
-            "b.build_model_dir(sys.argv[2], b.TINY if sys.argv[3] == '1' else b.QWEN25_05B)")
-    subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "scripts"), path, "1" if tiny else "0"],
-                   check=True)
+def build_model(path: str, shape: str) -> str:
+    """The random-weight model folder of `shape` (tiny | a SHAPES key), built in a child process (the driver keeps
+    no GPU memory)."""
+    spec = "TINY" if shape == "tiny" else json.dumps({**SHAPES[shape], **SHAPE_COMMON})
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import bench_train as b; "
+            "b.build_model_dir(sys.argv[2], b.TINY if sys.argv[3] == 'TINY' else json.loads(sys.argv[3]))")
+    subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "scripts"), path, spec], check=True)
     return path
 
 
 # ------------------------------------------------------------------------------------- configs
 def overrides_for(name: str, args: argparse.Namespace, model: str, data: str, run_dir: str) -> list[str]:
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-    sync = name == "sync"
-    if sync:
-        staleness, partial = 0.0, False
-    else:
-        s, p = name[1:].split("_p")
-        staleness, partial = float(s), p == "1"
+    spec = parse_config(name, args.trigger)
+    staleness, partial, trigger = spec["staleness"], spec["partial"], spec["trigger"]
+    colocated = spec["layout"] == "colocated"
     split = args.train_gpus or max(1, args.gpus // 2)
-    train_gpus = args.gpus if sync else split
-    rollout_gpus = args.gpus if sync else args.gpus - split
-    if args.device == "cpu":
-        transport = "object_store" if sync else "gloo"
+    train_gpus = args.gpus if colocated else split
+    rollout_gpus = args.gpus if colocated else args.gpus - split
+    if colocated:
+        transport = "object_store"
     else:
-        transport = "object_store" if sync else "nccl"
-    mem = args.gpu_memory_sync if sync else args.gpu_memory
+        transport = "gloo" if args.device == "cpu" else "nccl"
+    mem = args.gpu_memory_sync if colocated else args.gpu_memory
     out = [
         f"actor_rollout_ref.model.path={model}",
         f"data.train_files={data}", "data.val_files=null", f"data.max_prompt_length={args.max_prompt_length}",
@@ -130,14 +155,14 @@ def overrides_for(name: str, args: argparse.Namespace, model: str, data: str, ru
         f"{r}.enforce_eager={'true' if args.enforce_eager else 'false'}",
         f"{r}.max_num_batched_tokens={args.max_num_batched_tokens}",
         f"async_training.staleness_threshold={staleness}", f"async_training.partial_rollout={str(partial).lower()}",
-        f"async_training.trigger_parameter_sync_step={1 if sync else args.trigger}",
+        f"async_training.trigger_parameter_sync_step={trigger}",
         f"async_training.sync_transport={transport}", "async_training.require_batches=1",
-        f"rollout.colocate={'true' if sync else 'false'}",
+        f"rollout.colocate={'true' if colocated else 'false'}",
     ]
     if args.engine == "native" and args.device == "cuda":
         # the native engine sizes its KV up front (gpu_memory_utilization is vLLM's): one slot per sequence
         out.append(f"{r}.kv_cache_tokens={args.max_num_seqs * (args.max_prompt_length + args.max_response_length)}")
-    return out
+    return out + list(args.extra)
 
 
 def compose(overrides: list[str], engine: str, device: str, max_num_seqs: int = 256):
@@ -243,14 +268,14 @@ def run_one(name: str, args: argparse.Namespace, model: str, data: str) -> dict[
     out["gpu_peak_mem_gb"] = max(mem.peak.values()) if args.device == "cuda" and mem.peak else float("nan")
     out["gpu_peak_mem_by_gpu"] = dict(mem.peak) if args.device == "cuda" else {}
     out["steps"] = summary.get("trainer/steps")
-    if name == "sync":
-        out["wall_minus_sync_s"] = out["wall_s"] - out["sync_s"]
+    out["engine_profile"] = summary.get("rollout/engine_profile", {})  # prefill vs decode seconds, summed over replicas
+    out["wall_minus_sync_s"] = out["wall_s"] - out["sync_s"]
     return out
 
 
 def table(results: list[dict], base: Optional[dict]) -> str:
     head = ("config", "wall_s", "tok/s", "speedup", "gen_idle", "train_idle", "pipe_eff", "param_sync_s",
-            "gpu_peak_GB", "stale_mean")
+            "gpu_peak_GB", "stale_mean", "running_req", "hold_budget_s", "hold_sync_s", "startup_s")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ref = None
     if base is not None:
@@ -269,7 +294,9 @@ def table(results: list[dict], base: Optional[dict]) -> str:
         stale = r["tensorboard"].get("fully_async/staleness/mean", {}).get("mean", float("nan"))
         lines.append(f"| {name} | {wall:.1f} | {tps:.0f} | {speed} | {r['rollout_idle_ratio']:.2f} | "
                      f"{r['trainer_idle_ratio']:.2f} | {r['pipeline_efficiency']:.2f} | {r['param_sync_s']:.3f} | "
-                     f"{r['gpu_peak_mem_gb']:.1f} | {stale:.2f} |")
+                     f"{r['gpu_peak_mem_gb']:.1f} | {stale:.2f} | {r.get('mean_running_requests', float('nan')):.0f} | "
+                     f"{r.get('admission_hold_budget_s', float('nan')):.1f} | "
+                     f"{r.get('admission_hold_sync_s', float('nan')):.1f} | {r.get('startup_s', float('nan')):.1f} |")
     return "\n".join(lines)
 
 
@@ -297,6 +324,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--gpu-memory", type=float, default=0.6, help="vLLM gpu_memory_utilization, split GPUs")
     p.add_argument("--gpu-memory-sync", type=float, default=0.35, help="vLLM gpu_memory_utilization, colocated")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="0.5b", help="Qwen2.5 shape of the random model")
+    p.add_argument("--extra", action="append", default=[], help="one more key=value override for every run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="run folders (default: <out dir>/bench_async_runs)")
     p.add_argument("--out", default="bench/bench_async.json")
@@ -311,9 +340,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.device == "cpu":
         args.engine = "native"
     configs = [c for c in args.configs.split(",") if c]
-    bad = [c for c in configs if c not in CONFIGS]
+    bad = [c for c in configs if c != "sync" and CONFIG_RE.match(c) is None]
     if bad:
-        p.error(f"unknown --configs {bad}; choose from {CONFIGS}")
+        p.error(f"unknown --configs {bad}: sync, sS_pP[_tT] (split) or cS_pP[_tT] (colocated async), e.g. {CONFIGS}")
     if args.train_gpus is not None and not 1 <= args.train_gpus < args.gpus:
         p.error(f"--train-gpus {args.train_gpus}: the async runs need 1..{args.gpus - 1} of the --gpus {args.gpus}")
     out_dir = os.path.dirname(os.path.abspath(args.out))
@@ -321,7 +350,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args.work_dir = args.work_dir or os.path.join(out_dir, "bench_async_runs")
     os.makedirs(args.work_dir, exist_ok=True)
     cache = os.environ.get("VERL_ASYNC_CACHE") or os.path.expanduser("~/.cache/verl_async")
-    model = build_model(os.path.join(cache, "bench_models", "tiny" if tiny else "qwen2.5-0.5b-shape"), tiny)
+    model = build_model(os.path.join(cache, "bench_models", "tiny" if tiny else f"qwen2.5-{args.shape}-shape"),
+                        "tiny" if tiny else args.shape)
     data = os.path.join(args.work_dir, "workload.parquet")
     lengths = write_workload(data, args.steps * args.prompts_per_step, args.n, mean=args.length_mean,
                              cv_between=args.cv_between, cv_within=args.cv_within, cap=args.max_response_length,

@@ -137,20 +137,24 @@ def test_calls_of_a_turn_run_concurrently_up_to_max_parallel_calls():
 
 
 def test_malformed_unknown_and_bad_argument_calls():
+    """Each is answered to the model as an error and counted; the trajectory goes on (issue 36)."""
     script = lambda uid, i, turn, ctx: [
         '<tool_call>{"name": "calculator", "arguments": {oops}</tool_call>' + call("nope", a=1)
         + '<tool_call>{"name": "calculator", "arguments": [1, 2]}</tool_call>',
-        '<tool_call>{"name": "calculator"',  # never closed, no valid call: the trajectory ends
+        '<tool_call>{"name": "calculator"',  # never closed: answered too
+        "done",
     ][turn]
-    ro, loop, _, sink = build(script, [CalculatorTool({})], max_parallel_calls=4)
+    ro, loop, _, sink = build(script, [CalculatorTool({})], max_parallel_calls=4, budget=1500)
     run(ro)
     r = sink.groups[0].responses[0]
-    answers = [text for m, text in segments(r) if m == 0][0]
-    assert "Unknown function 'nope'. Available tools: ['calculator']" in answers
-    assert "Invalid arguments for 'calculator': expected a JSON object, got '[1, 2]'" in answers
-    assert r.agent_info["stop_reason"] == "no_call" and r.agent_info["tool_calls"] == 2
+    first, second = [text for m, text in segments(r) if m == 0]
+    assert "Error: the tool call is not valid JSON" in first
+    assert "Unknown function 'nope'. Available tools: ['calculator']" in first
+    assert "Invalid arguments for 'calculator': expected a JSON object, got '[1, 2]'" in first
+    assert "Error: a <tool_call> block was not closed with </tool_call>" in second
+    assert r.agent_info["stop_reason"] == "no_call" and r.agent_info["tool_calls"] == 4
     m = loop.stats.metrics()
-    assert m["multi_turn/malformed_calls_total"] == 2.0 and m["multi_turn/tool_errors_total"] == 2.0
+    assert m["multi_turn/malformed_calls_total"] == 2.0 and m["multi_turn/tool_errors_total"] == 4.0
     assert m["multi_turn/tool_error_rate"] == 1.0
 
 

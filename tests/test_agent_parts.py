@@ -6,7 +6,7 @@ import pytest
 
 from verl_async.models.tiny import build_char_tokenizer
 from verl_async.rollout.chat_turns import ChatTemplateError, ToolTurnTemplate
-from verl_async.rollout.tool_parser import FunctionCall, tool_parser
+from verl_async.rollout.tool_parser import MALFORMED, FunctionCall, tool_parser
 from verl_async.rollout.tool_session import truncate_text
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -89,7 +89,12 @@ def test_hermes_parser():
     assert turn.content == "I will add.  done" and turn.malformed == 0
     bad = parse('<tool_call>{"name": "add"}</tool_call><tool_call>not json</tool_call>'
                 '<tool_call>{"arguments": {}}</tool_call><tool_call>{"name": "x", "arguments": {}')
-    assert bad.calls == [] and bad.malformed == 4
+    assert bad.malformed == 4 and [c.name for c in bad.calls] == [MALFORMED] * 4
+    assert [c.error.split(";")[0] for c in bad.calls] == [
+        "the tool call has no name or no arguments", "the tool call is not valid JSON",
+        "the tool call has no name or no arguments", "a <tool_call> block was not closed with </tool_call>"]
+    deep = parse("<tool_call>" + "[" * 5000 + "</tool_call>")  # json.loads: RecursionError
+    assert deep.malformed == 1 and deep.calls[0].error.startswith("the tool call is nested too deeply")
     assert parse("no calls here").calls == []
     assert parse('<tool_call>{"name": "f", "arguments": "not an object"}</tool_call>').calls == [
         FunctionCall("f", "not an object")]

@@ -388,9 +388,28 @@ def test_auto_sync_transport_picks_cuda_ipc_only_where_it_applies():
     assert check(one_gpu, MEGATRON).async_training.sync_transport == "object_store"
     two = ["trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2"]
     assert check(one_gpu + two).async_training.sync_transport == "object_store"
-    assert check(["trainer.device=cuda"]).async_training.sync_transport == "object_store"  # separate GPUs
+    # separate GPUs: the collective broadcast (0.09 s per 0.5B sync on 2 H200s; the object store took 3.5 s)
+    assert check(["trainer.device=cuda"]).async_training.sync_transport == "nccl"
+    assert check(["trainer.device=npu"]).async_training.sync_transport == "object_store"  # hccl: an explicit choice
     # an explicit choice is kept as given
     assert check(one_gpu + ["async_training.sync_transport=object_store"]).async_training.sync_transport == "object_store"
+    assert check(["trainer.device=cuda", "async_training.sync_transport=object_store"]
+                 ).async_training.sync_transport == "object_store"
+
+
+def test_auto_trigger_is_verls_default_on_a_split_layout_only():
+    """null: 4 where the rollout has accelerators of its own (verl's default; measured best on 2 H200s), else 2."""
+    trigger = lambda *o: check(list(o)).async_training.trigger_parameter_sync_step  # noqa: E731
+    assert trigger() == 2  # the CPU demo
+    assert trigger("trainer.device=cuda") == 4
+    assert trigger("trainer.device=npu") == 4
+    assert trigger("trainer.device=cuda", "rollout.colocate=true") == 2
+    assert trigger("trainer.device=cuda", "async_training.trigger_parameter_sync_step=1") == 1  # given: kept
+    from verl_async.config.derived import max_required_samples
+
+    # the staleness formula sees the resolved value
+    cfg = check(["trainer.device=cuda", "actor_rollout_ref.actor.ppo_mini_batch_size=16"])
+    assert max_required_samples(cfg) == 16 * 4 * 1.5
 
 
 def test_engine_and_strategy_tables_match_the_schema():

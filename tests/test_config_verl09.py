@@ -196,8 +196,6 @@ _VLM = "vision-language (multi-modal) training is not implemented in verl_async;
      "Megatron trainer converts dense models); set it to 1"),
     (["reward.reward_model.enable=true"], FSDP, "reward.reward_model.enable: model-based reward models are not "
      "supported; rewards are rule-based (set it to false and score with reward.custom_reward_function.path/name)"),
-    (["reward.sandbox_fusion.url=http://x"], FSDP, "reward.sandbox_fusion.url: code-execution rewards (sandbox fusion) "
-     "are not supported; score with reward.custom_reward_function"),
     (["reward.reward_manager.source=importlib"], FSDP, "reward.reward_manager.source: importlib (a custom reward "
      "manager class) is not supported; use reward.reward_manager.name=naive|dapo with a reward.custom_reward_function"),
     (["actor_rollout_ref.rollout.name=trtllm"], FSDP, "actor_rollout_ref.rollout.name: trtllm: TensorRT-LLM "
@@ -209,7 +207,9 @@ def test_unimplemented_features_are_refused_in_one_line(overrides, name, line):
 
 def test_neutral_values_pass():
     cfg = check(["+actor_rollout_ref.rollout.expert_parallel_size=1", "+actor_rollout_ref.model.lora.rank=0",
-                 "reward.reward_model.enable=false", "actor_rollout_ref.rollout.multi_turn.enable=false"])
+                 "reward.reward_model.enable=false", "actor_rollout_ref.rollout.multi_turn.enable=false",
+                 "reward.sandbox_fusion.url=http://localhost:8080/run_code"])  # code rewards: accepted (issue 36)
+    assert cfg.reward.sandbox_fusion.url == "http://localhost:8080/run_code"
     assert "expert_parallel_size" not in cfg.actor_rollout_ref.rollout and "lora" not in cfg.actor_rollout_ref.model
 
 

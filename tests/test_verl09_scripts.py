@@ -148,8 +148,27 @@ def run_entry(args: list[str], paths: dict, tmp_path, flags: tuple = (), **env) 
                           cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=180)
 
 
+@pytest.fixture(scope="module")
+def retool_service():
+    """ReTool's tool config names a SandboxFusion service at localhost:8080: the built-in one, as a user runs it."""
+    import socket
+
+    from tests.sandbox_server import _pong, sandbox_server
+
+    if _pong("http://127.0.0.1:8080"):
+        yield "http://127.0.0.1:8080/run_code"
+        return
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", 8080)) == 0:
+            pytest.skip("port 8080 (ReTool's sandbox_fusion_url) is taken by something that is not SandboxFusion")
+    with sandbox_server(8080) as url:
+        yield url
+
+
 @pytest.mark.parametrize("name", sorted(REFUSALS))
-def test_script_composes_and_passes_the_dry_run(name, tmp_path, local_paths, monkeypatch, capsys):
+def test_script_composes_and_passes_the_dry_run(name, tmp_path, local_paths, monkeypatch, capsys, request):
+    if name == "dapo_7b_async_retool":  # its tool config's service must answer (the preflight builds the tool)
+        request.getfixturevalue("retool_service")
     args = localize(script_argv(name, tmp_path), local_paths, name)
     # as written: it composes (--cfg job prints the config, verl 0.9's keys included)
     proc = run_entry(args, local_paths, tmp_path, ("--cfg", "job"))
@@ -235,7 +254,7 @@ def test_retool_script_maps_its_reward_function(tmp_path, local_paths):
     assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 30 and cfg.data.filter_overlong_prompts is True
 
 
-def test_retool_script_reads_its_data_through_its_dataset_class(tmp_path, local_paths):
+def test_retool_script_reads_its_data_through_its_dataset_class(tmp_path, local_paths, retool_service):
     from verl_async.config.model_source import prompt_tokenizer
     from verl_async.config.preflight import load_prompts
 
@@ -257,4 +276,4 @@ def test_retool_script_runs_its_tool_agent_loop(tmp_path, local_paths):
     mt = _mapped("dapo_7b_async_retool", tmp_path, local_paths).actor_rollout_ref.rollout.multi_turn
     assert mt.enable and mt.max_user_turns == mt.max_assistant_turns == 16 and mt.format == "hermes"
     assert mt.tool_config_path == str(REPO_ROOT / "recipe/retool/sandbox_fusion_tool_config.yaml")  # made absolute
-    assert tool_names(mt.tool_config_path, None) == ["code_interpreter"]  # ReTool's tool name, sandboxed here
+    assert tool_names(mt.tool_config_path, None) == ["code_interpreter"]  # ReTool's tool, its SandboxFusion URL

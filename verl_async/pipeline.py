@@ -381,7 +381,7 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items() if k != "validation"})
     rollout = results.get("rollouter", {})
     for key in ("failed_prompts", "retried_prompts", "dropped_groups_engine_error", "replicas_out", "reward_errors",
-                "filtered_groups"):
+                "filtered_groups", "engine_profile"):
         if key in rollout:
             summary[f"rollout/{key}"] = rollout[key]
     if os.path.exists(timeline_path):

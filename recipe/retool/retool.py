@@ -6,6 +6,10 @@ softens a wrong answer's penalty for trajectories that used the interpreter more
 (`extra_info["num_turns"]`, which the agent loop passes: assistant + tool turns + 1), never
 above -0.6.
 
+`CustomSandboxFusionTool` (the class ReTool's tool config names) is verl's `SandboxFusionTool`
+(verl_async/tools/sandbox_fusion_tools.py) with ReTool's changes: the code is taken out of a
+```python fence, and a last line that is not a `print` is printed.
+
 `CustomRLHFDataset` (`data.custom_cls.name`) reads the script's data as they come from the hub:
 DAPO-Math-17k's rows are already in verl's schema and get the boxed-answer instruction; AIME
 rows (`Problem`/`Answer` as in Maxwell-Jia/AIME_2024, `problem`/`answer` as in
@@ -19,6 +23,8 @@ from typing import Any, Optional
 
 from verl_async.data import RLHFDataset
 from verl_async.reward import math_dapo
+from verl_async.tools.sandbox_fusion_tools import SandboxFusionTool
+from verl_async.tools.schemas import ToolResponse
 
 ANSWER_FORMAT = "\nThe answer format must be: \\boxed{'The final answer goes here.'}"
 TOOL_AGENT = "tool_agent"
@@ -30,6 +36,34 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     if result["score"] < 0:
         result["score"] = min(-0.6, result["score"] + (turns - 2) / 2 * 0.1)
     return result
+
+
+_CODE_BLOCK = re.compile(r"```python(.*?)```", re.DOTALL)
+
+
+def retool_code(code: str) -> str:
+    """ReTool's rewrite of the model's code: the first ```python block, its last non-empty line printed."""
+    matches = _CODE_BLOCK.findall(code)
+    if matches:
+        code = matches[0].strip()
+    lines = code.split("\n")
+    for i, line in reversed(list(enumerate(lines))):
+        if line == "":
+            continue
+        if not line.startswith("print"):
+            lines[i] = f"print({line})"
+        break
+    return "\n".join(lines)
+
+
+class CustomSandboxFusionTool(SandboxFusionTool):
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
+        code = parameters.get("code", "")
+        code = retool_code(code if isinstance(code, str) else str(code))
+        timeout = parameters.get("timeout", self.default_timeout)
+        language = parameters.get("language", self.default_language)
+        text, metrics = await self.execute_code(instance_id, code, timeout, language)
+        return ToolResponse(text=text), 0.0, metrics
 
 
 class CustomRLHFDataset(RLHFDataset):

@@ -224,11 +224,11 @@ def test_missing_tool_config_names_the_key_and_file(tmp_path):
 def test_unknown_tool_class_names_the_entry(tmp_path):
     path = write_config(tmp_path, """
     - class_name: verl_async.tools.calculator.CalculatorTool
-    - class_name: recipe.retool.retool.CustomSandboxFusionTool
+    - class_name: recipe.retool.retool.NoSuchTool
       config: {type: native}
     """)
     with pytest.raises(ToolLoadError, match=r"tools\.yaml: tools\[1\]\.class_name: unknown tool class "
-                                            r"'recipe\.retool\.retool\.CustomSandboxFusionTool'"):
+                                            r"'recipe\.retool\.retool\.NoSuchTool'"):
         tool_names(path, None)
 
 

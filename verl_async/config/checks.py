@@ -95,9 +95,6 @@ def unsupported_features(cfg: DictConfig) -> None:
             cfg.reward.reward_manager.source == "importlib",
             "importlib (a custom reward manager class) is not supported; use reward.reward_manager.name=naive|dapo "
             "with a reward.custom_reward_function"),
-        "reward.sandbox_fusion.url": (
-            cfg.reward.sandbox_fusion.get("url") is not None,
-            "code-execution rewards (sandbox fusion) are not supported; score with reward.custom_reward_function"),
     }
     for key, (refused, why) in refusals.items():
         if refused:

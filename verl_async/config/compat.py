@@ -66,8 +66,6 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "reward.reward_manager.module": Compat({"path": None, "name": "custom_reward_manager"},
                                            "custom reward manager classes are not supported"),
     "reward.reward_model": Compat({"enable": False}, "model-based rewards are not supported"),
-    "reward.sandbox_fusion": Compat({"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
-                                    "code-execution rewards are not supported"),
     "trainer.critic_warmup": Compat(0, "there is no critic"),
     "trainer.default_hdfs_dir": Compat(None),
     "trainer.del_local_ckpt_after_load": Compat(False),

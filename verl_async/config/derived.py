@@ -112,9 +112,28 @@ def cuda_ipc_problem(cfg: Any) -> Optional[str]:
 
 def auto_sync_transport(cfg: Any) -> str:
     """`sync_transport=auto`: cuda_ipc where it applies (on CUDA, `cuda_ipc_problem` is None: no host copy, 0.12 s
-    instead of 1.0-1.2 s per sync of a 135M model on an H100), else object_store (every device and layout).
-    Collective transports stay an explicit choice."""
-    return "cuda_ipc" if cfg.trainer.device == "cuda" and cuda_ipc_problem(cfg) is None else "object_store"
+    instead of 1.0-1.2 s per sync of a 135M model on an H100); nccl when the rollout has GPUs of its own
+    (`rollout.colocate=false` on CUDA: 0.09 s per sync of a 0.5B model on 2 H200s, where the object store took
+    3.5 s, and 12 s for 1.5B; bench/RESULTS.md "Two GPUs"); else object_store (every device and layout)."""
+    if cfg.trainer.device == "cuda" and cuda_ipc_problem(cfg) is None:
+        return "cuda_ipc"
+    if cfg.trainer.device == "cuda" and not cfg.rollout.colocate:
+        return "nccl"
+    return "object_store"
+
+
+SPLIT_TRIGGER = 4  # verl's default (fully_async_ppo_trainer.yaml); measured best on a split layout (bench/RESULTS.md)
+OTHER_TRIGGER = 2
+
+
+def auto_trigger_parameter_sync_step(cfg: Any) -> int:
+    """`trigger_parameter_sync_step=null`: 4 when the rollout has accelerators of its own (`rollout.colocate=false`
+    on cuda / npu), else 2. On 2 H200s with a long tail (0.5B shape, staleness 0.5) a sync every step left the engine
+    with 53 requests on average (the staleness budget held admission 65 s of a 72 s window), every 4 steps with 142:
+    1.35x the trained tokens/s (bench/RESULTS.md "Two GPUs")."""
+    if cfg.trainer.device in ("cuda", "npu") and not cfg.rollout.colocate:
+        return SPLIT_TRIGGER
+    return OTHER_TRIGGER
 
 
 # trainer.val_timeout_s=null: every validation token at 100 tokens/s (however many replicas share them), >= 10 min.

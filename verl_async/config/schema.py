@@ -167,7 +167,7 @@ class RewardConfig:
     custom_reward_function: VerlCustomRewardFunctionConfig
     reward_kwargs: Dict[str, Any]
     reward_model: Dict[str, Any]  # model-based rewards: enable=true is refused (checks.py)
-    sandbox_fusion: Dict[str, Any]  # code-execution rewards: a url is refused (checks.py)
+    sandbox_fusion: Dict[str, Any]  # code-execution rewards: url (null: the built-in sandbox), max_concurrent, memory_limit_mb
 
 
 @schema
@@ -248,7 +248,7 @@ class LongTailConfig:
 @schema
 class AsyncTrainingConfig:
     staleness_threshold: float = rule(ge=0)
-    trigger_parameter_sync_step: int = rule(ge=1)
+    trigger_parameter_sync_step: Optional[int] = rule(ge=1)  # null: derived.auto_trigger_parameter_sync_step
     require_batches: int = rule(ge=1)
     partial_rollout: bool
     use_rollout_log_probs: bool

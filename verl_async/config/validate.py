@@ -162,6 +162,10 @@ def _normalize(cfg: DictConfig) -> None:
     for side in ("clip_ratio_low", "clip_ratio_high"):
         if actor[side] is None:
             actor[side] = actor.clip_ratio
+    if cfg.async_training.trigger_parameter_sync_step is None:
+        from verl_async.config.derived import auto_trigger_parameter_sync_step
+
+        cfg.async_training.trigger_parameter_sync_step = auto_trigger_parameter_sync_step(cfg)
     if cfg.async_training.sync_transport == "auto":
         from verl_async.config.derived import auto_sync_transport
 

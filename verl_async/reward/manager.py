@@ -267,17 +267,41 @@ def overlong_from_kwargs(reward_kwargs: Mapping[str, Any], max_response_length: 
     )
 
 
+CODE_DEADLINE_SHARE = 0.8  # of reward_model.timeout_s: code scoring stops its test cases by then
+
+
+def code_scorer_options(sandbox_fusion: Any, timeout_s: float) -> dict[str, Any]:
+    """The code scorer's settings (reward/code_score.py) from verl's `reward.sandbox_fusion.*`.
+
+    `url` null: the built-in sandbox; else that SandboxFusion service, checked here (one line
+    naming the key when nothing runs code there).
+    """
+    sf = _plain(sandbox_fusion)
+    url = sf.get("url")
+    if url:
+        from verl_async.sandbox.client import service_problem
+
+        problem = service_problem(str(url), "reward.sandbox_fusion.url")
+        if problem:
+            raise ValueError(problem)
+    deadline = CODE_DEADLINE_SHARE * timeout_s
+    return {"sandbox_fusion_url": str(url) if url else None, "memory_limit_mb": int(sf.get("memory_limit_mb", 1024)),
+            "max_concurrent": int(sf.get("max_concurrent", 64)), "deadline_s": deadline,
+            "case_timeout_s": min(10.0, deadline)}
+
+
 def build_reward_manager(
     cfg_reward_model: Any,
     custom_reward_function_cfg: Any = None,
     tokenizer: Any = None,
     *,
     max_response_length: Optional[int] = None,
+    sandbox_fusion: Any = None,
 ) -> RewardManager:
     """RewardManager from `reward_model.*` and `custom_reward_function.*` (DictConfig or dict).
 
     `max_response_length` (data.max_response_length) stands in for a missing
-    `reward_kwargs.max_resp_len`.
+    `reward_kwargs.max_resp_len`; `sandbox_fusion` is verl's `reward.sandbox_fusion` (code rewards).
     """
     rm = _plain(cfg_reward_model)
     custom = _plain(custom_reward_function_cfg)
@@ -297,7 +321,8 @@ def build_reward_manager(
         overlong=overlong,
         timeout_s=float(rm.get("timeout_s", 5.0)),
         num_workers=int(rm.get("num_workers", 1)),
-        scorer_options={"gsm8k": {"method": str(rm.get("gsm8k_method", "strict"))}},
+        scorer_options={"gsm8k": {"method": str(rm.get("gsm8k_method", "strict"))},
+                        "code": code_scorer_options(sandbox_fusion, float(rm.get("timeout_s", 5.0)))},
         max_error_rate=float(rm.get("max_error_rate", 0.1)),
         error_window=int(rm.get("error_window", 200)),
     )

@@ -6,8 +6,8 @@ Every scorer here returns a dict with at least `score` (the reward) and `acc`
 with `score`) to that shape, so reward managers see one format.
 
 `bounded` marks scorers whose cost is linear in a clipped input (gsm8k, the
-built-in task): they run inline. The others (math: sympy; custom: unknown code)
-run in the reward sandbox with a time limit.
+built-in task): they run inline. The others (math: sympy; code: test cases run in the
+code sandbox; custom: unknown code) run in the reward sandbox with a time limit.
 """
 
 from __future__ import annotations
@@ -52,6 +52,13 @@ def _math_dapo(solution_str: str, ground_truth: Any, extra_info: Optional[dict] 
     return math_dapo.compute_score(solution_str, str(ground_truth))
 
 
+def _code(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None, **options: Any) -> dict:
+    """Test cases run in the sandbox (reward/code_score.py); `options` from reward.sandbox_fusion."""
+    from verl_async.reward import code_score
+
+    return code_score.compute_score(solution_str, ground_truth, extra_info, **options)
+
+
 def _builtin(solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None) -> dict:
     from verl_async.data import builtin
 
@@ -62,6 +69,7 @@ _GSM8K = ScorerSpec("gsm8k", _gsm8k, bounded=True)
 _MATH = ScorerSpec("math", _math, bounded=False)
 _DAPO = ScorerSpec("math_dapo", _math_dapo, bounded=True)
 _BUILTIN = ScorerSpec("builtin", _builtin, bounded=True)
+_CODE = ScorerSpec("code", _code, bounded=False)
 
 SCORERS: dict[str, ScorerSpec] = {
     "openai/gsm8k": _GSM8K,
@@ -70,6 +78,11 @@ SCORERS: dict[str, ScorerSpec] = {
     "DigitalLearningGmbH/MATH-lighteval": _MATH,
     "HuggingFaceH4/MATH-500": _MATH,
     "math_dapo": _DAPO,
+    # verl's code-execution sources (prime_code / sandbox_fusion): test cases in reward_model.ground_truth
+    "codecontests": _CODE,
+    "apps": _CODE,
+    "codeforces": _CODE,
+    "taco": _CODE,
 }
 # data_source prefixes (verl: "aime*" is scored like math_dapo)
 PREFIX_SCORERS: dict[str, ScorerSpec] = {"aime": _DAPO, "verl_async/builtin": _BUILTIN}

@@ -29,7 +29,7 @@ from verl_async.protocol import Response
 from verl_async.rollout.agent_stats import AgentStats, TrajectoryRecord
 from verl_async.rollout.chat_turns import ToolTurnTemplate
 from verl_async.rollout.engine import GenerateResult
-from verl_async.rollout.tool_parser import tool_parser
+from verl_async.rollout.tool_parser import MALFORMED, FunctionCall, ParsedTurn, tool_parser
 from verl_async.rollout.tool_session import ToolSession
 from verl_async.tools.tool_registry import schema_dict
 
@@ -220,6 +220,16 @@ class ToolAgentLoop:
             return self.tools
         return {name: tool for name, tool in self.tools.items() if name in set(selection)}
 
+    def _parse(self, new: Sequence[int]) -> ParsedTurn:
+        """The turn's calls; a parser that fails on what a model wrote costs the turn one malformed call, never the run."""
+        text = self.tokenizer.decode(new)
+        try:
+            return self.parser.parse(text)
+        except Exception as exc:  # noqa: BLE001 - the parser's bug is answered to the model, and logged
+            logger.warning("the %s parser failed on a model turn (%s: %s); answered as a malformed call",
+                           type(self.parser).__name__, type(exc).__name__, exc)
+            return ParsedTurn(text, [FunctionCall(MALFORMED, None, "the tool calls could not be read")], 1)
+
     # ------------------------------------------------------------------ the turns
     async def _turns(self, generate: TurnGenerator, traj: Trajectory, session: ToolSession, stats: AgentStats,
                      timeline: Any, version: Callable[[], int]) -> Optional[tuple[str, str]]:
@@ -232,7 +242,7 @@ class ToolAgentLoop:
             new = traj.add_model_turn(result)
             if result.finish_reason == "length" or len(traj) >= self.budget:
                 return "length", "length"
-            parsed = self.parser.parse(self.tokenizer.decode(new))
+            parsed = self._parse(new)
             calls = parsed.calls[: s.max_parallel_calls]
             stats.record_parse(parsed.malformed, len(parsed.calls) - len(calls))
             if not calls:

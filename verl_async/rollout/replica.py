@@ -103,6 +103,11 @@ class EngineReplica:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    def profile(self) -> dict[str, float]:
+        """The engine's cumulative step counters (prefill / decode steps, rows, seconds); {} if it keeps none."""
+        profile = getattr(self.engine, "profile", None)
+        return dict(profile()) if callable(profile) else {}
+
     def version(self) -> int:
         return self.engine.version
 

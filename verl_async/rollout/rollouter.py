@@ -176,9 +176,12 @@ class Rollouter:
                 await asyncio.wait([t for _, t in self._inflight.values()], return_when=asyncio.FIRST_COMPLETED)
                 continue
             self._next_item = item
-            wait_start = time.monotonic()
-            await self._admission_gate()
+            wait_start, span_start = time.monotonic(), self.timeline.now()
+            reason = await self._admission_gate()
             self.counters.pause_time_s += time.monotonic() - wait_start
+            if reason is not None:  # what held the next group back (budget | sync | inflight): the timeline shows it
+                self.timeline.record("rollout/admission", f"hold_{reason}", span_start, self.timeline.now(),
+                                     self.version)
             if self._stop:
                 break
             self._next_item = None
@@ -203,19 +206,22 @@ class Rollouter:
         self._source_done = item is None
         return item
 
-    async def _admission_gate(self) -> None:
+    async def _admission_gate(self) -> Optional[str]:
+        """Wait until a group may start; returns why it had to wait first (None: it did not)."""
+        first: Optional[str] = None
         while not self._stop and not (
             self._open.is_set() and self.budget.can_start() and len(self._inflight) < self.max_inflight_groups
         ):
             if self._failure:
                 raise self._failure
-            self._admission_stalled(
-                "sync" if not self._open.is_set() else "budget" if not self.budget.can_start() else "inflight"
-            )
+            reason = "sync" if not self._open.is_set() else "budget" if not self.budget.can_start() else "inflight"
+            first = first or reason
+            self._admission_stalled(reason)
             self._changed.clear()
             await self._changed.wait()
         if self._failure:
             raise self._failure
+        return first
 
     def _poke(self) -> None:
         self._last_event = time.monotonic()

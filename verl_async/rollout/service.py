@@ -181,7 +181,7 @@ class RolloutService:
         self.source = DatasetPromptSource(self.iterator)
         self.reward = build_reward_manager(
             cfg.reward_model, cfg.custom_reward_function, self.tokenizer,
-            max_response_length=int(cfg.data.max_response_length),
+            max_response_length=int(cfg.data.max_response_length), sandbox_fusion=cfg.reward.sandbox_fusion,
         )
         required = required_samples(cfg)
         count = max(1, rollout_replicas(cfg)) if engines is None else len(engines)
@@ -270,7 +270,26 @@ class RolloutService:
         if self.group_filter is not None:
             out["filtered_groups"] = self.group_filter.filtered
         out.update(self.reward.summary())  # reward_scored, reward_errors (the end-of-run summary)
+        out["engine_profile"] = await self._engine_profile()
         return out
+
+    async def _engine_profile(self) -> dict[str, float]:
+        """The replicas' step counters, summed (prefill vs decode seconds: what a sync's re-prefill costs)."""
+        total: dict[str, float] = {}
+        for engine in self.engines:
+            handle = getattr(engine, "handle", None)
+            try:
+                if handle is not None:
+                    profile = await asyncio.wait_for(handle.profile.remote(), timeout=30)
+                else:
+                    profile = dict(getattr(engine, "profile", dict)())
+            except Exception as exc:  # noqa: BLE001 - a dead replica has no counters; the run's outcome stands
+                logger.warning("engine profile unavailable: %s", exc)
+                continue
+            for key, value in profile.items():
+                if isinstance(value, (int, float)) and not key.endswith(("_bytes", "bytes_per_token")):
+                    total[key] = total.get(key, 0.0) + float(value)
+        return total
 
     def stop(self) -> None:
         self.rollouter.stop()

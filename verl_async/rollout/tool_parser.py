@@ -6,10 +6,13 @@ hermes (Qwen2.5, NousHermes, and most chat templates with tools):
     {"name": "calculator", "arguments": {"expression": "12 * 7"}}
     </tool_call>
 
-As in verl, a block whose JSON does not parse or lacks `name`/`arguments` is skipped (and
-counted as malformed); a turn without a valid call ends the trajectory. `arguments` may be
-an object or a string holding one (some models write it so); anything else reaches the
-tool call as a string, and the loop answers the model that the arguments are invalid.
+A block whose JSON does not parse (however deep its nesting), lacks `name`/`arguments`, or
+a `<tool_call>` never closed, is a malformed call: counted, and answered to the model as an
+error (`FunctionCall.error`) like any other failed call, so the model can correct it (verl
+skips such blocks; a turn holding only them ends its trajectory there). A turn without any
+`<tool_call>` ends the trajectory. `arguments` may be an object or a string holding one
+(some models write it so); anything else reaches the tool call as a string, and the loop
+answers the model that the arguments are invalid. Nothing a model writes makes `parse` raise.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
+
+MALFORMED = "(malformed call)"  # the name of a call that has none
 
 
 @dataclass(frozen=True)
 class FunctionCall:
     name: str
     arguments: Any  # a dict when it parsed, else what the model wrote
+    error: Optional[str] = None  # a malformed call: what is wrong with it (answered to the model)
 
 
 @dataclass
@@ -38,30 +44,26 @@ class HermesToolParser:
     _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
     def parse(self, text: str) -> ParsedTurn:
-        calls, malformed = [], 0
-        for body in self._BLOCK.findall(text):
-            call = self._call(body)
-            if call is None:
-                malformed += 1
-            else:
-                calls.append(call)
-        closed = len(self._BLOCK.findall(text))
-        malformed += max(0, text.count(self.START) - closed)  # an opened block never closed
-        return ParsedTurn(self._BLOCK.sub("", text), calls, malformed)
+        calls = [self._call(body) for body in self._BLOCK.findall(text)]
+        unclosed = max(0, text.count(self.START) - len(calls))
+        calls += [FunctionCall(MALFORMED, None, f"a {self.START} block was not closed with {self.END}")] * unclosed
+        return ParsedTurn(self._BLOCK.sub("", text), calls, sum(c.error is not None for c in calls))
 
     @staticmethod
-    def _call(body: str):
+    def _call(body: str) -> FunctionCall:
+        expected = 'expected {"name": <tool name>, "arguments": {...}}'
         try:
             data = json.loads(body.strip())
-        except json.JSONDecodeError:
-            return None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, or nesting deeper than Python recurses
+            why = "nested too deeply" if isinstance(exc, RecursionError) else "not valid JSON"
+            return FunctionCall(MALFORMED, None, f"the tool call is {why}; {expected}")
         if not isinstance(data, dict) or not isinstance(data.get("name"), str) or "arguments" not in data:
-            return None
+            return FunctionCall(MALFORMED, None, f"the tool call has no name or no arguments; {expected}")
         arguments = data["arguments"]
         if isinstance(arguments, str):
             try:
                 decoded = json.loads(arguments)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 decoded = None
             if isinstance(decoded, dict):
                 arguments = decoded

@@ -1,13 +1,19 @@
 """One trajectory's tool calls: instances, timeouts, errors, truncation, step rewards.
 
 A BaseTool gets one instance per trajectory, created at its first call with the row's
-`extra_info.tools_kwargs[name].create_kwargs`; when the trajectory ends `close()` asks each
-instance's `calc_reward` (with `calc_reward_kwargs`) and releases it (`release_kwargs`).
-Function tools are stateless and just called.
+`extra_info.tools_kwargs[name].create_kwargs` (parallel calls of the tool wait for that one
+creation); when the trajectory ends `close()` asks each instance's `calc_reward` (with
+`calc_reward_kwargs`) and releases it (`release_kwargs`). Function tools are stateless and
+just called.
 
-Nothing a tool does stops the run: an unknown name, arguments that are no JSON object,
-an exception, a non-text answer or a call over `multi_turn.tool_timeout_s` becomes an
-answer to the model (verl's wording) and is counted (`ToolOutcome.status`).
+Nothing a model writes or a tool does stops the run: a malformed call, an unknown name,
+arguments that are no JSON object, an exception, a non-text answer or a call over
+`multi_turn.tool_timeout_s` becomes an answer to the model (verl's wording) and is counted
+(`ToolOutcome.status`). Answers are made valid Unicode before the tokenizer sees them (a
+model can write a lone surrogate in JSON: `"\\udc80"`). `tool_timeout_s` counts a call's
+running time only: time it waits for a slot of a rate-limited tool (tools/queueing.py) is
+not counted, up to `QUEUE_FACTOR x tool_timeout_s`, after which the call is answered that
+the tool is busy.
 """
 
 from __future__ import annotations
@@ -18,13 +24,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from verl_async.tools.function_tool import FunctionTool, normalize_function_tool_return
-from verl_async.tools.schemas import ToolResponse
 from verl_async.rollout.tool_parser import FunctionCall
+from verl_async.tools.function_tool import FunctionTool, normalize_function_tool_return
+from verl_async.tools.queueing import CallClock, set_clock
+from verl_async.tools.schemas import ToolResponse
 
 logger = logging.getLogger(__name__)
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+QUEUE_FACTOR = 10.0  # a call may wait this many tool_timeout_s for a slot before it is answered "busy"
+CANCEL_WAIT_S = 5.0  # how long a timed-out call may take to unwind after it is cancelled
+
+
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode: lone surrogates (from JSON escapes a model wrote) become U+FFFD."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", errors="surrogatepass").decode("utf-8", errors="replace")
 
 
 @dataclass
@@ -54,6 +72,10 @@ def truncate_text(text: str, limit: int, side: str) -> str:
     return text[:half] + "...(truncated)..." + text[len(text) - half:]
 
 
+class ToolBusy(Exception):
+    """A call waited too long for a slot of a rate-limited tool."""
+
+
 class ToolSession:
     def __init__(self, tools: Mapping[str, Any], tools_kwargs: Optional[Mapping[str, Any]], *, timeout_s: float,
                  max_response_chars: int, truncate_side: str, agent_data: Any = None) -> None:
@@ -64,6 +86,7 @@ class ToolSession:
         self.truncate_side = truncate_side
         self.agent_data = agent_data
         self.instances: dict[str, str] = {}  # tool name -> instance id
+        self._creating: dict[str, asyncio.Lock] = {}  # one creation per tool, however many parallel calls
 
     def _kwargs(self, name: str, stage: str) -> dict:
         return dict(self.tools_kwargs.get(name, {}).get(stage) or {})
@@ -72,25 +95,30 @@ class ToolSession:
         t0 = time.monotonic()
         outcome = await self._call(call)
         outcome.latency_s = time.monotonic() - t0
+        outcome.name = valid_text(outcome.name)
         if outcome.status != OK:
-            logger.debug("tool call %s: %s: %s", call.name, outcome.status, outcome.text[:200])
-        outcome.text = truncate_text(outcome.text, self.max_chars, self.truncate_side)
+            logger.debug("tool call %s: %s: %s", outcome.name, outcome.status, valid_text(outcome.text[:200]))
+        outcome.text = valid_text(truncate_text(outcome.text, self.max_chars, self.truncate_side))
         return outcome
 
     async def _call(self, call: FunctionCall) -> ToolOutcome:
         name = call.name
+        if call.error is not None:
+            return ToolOutcome(name, f"Error: {call.error}", status=ERROR)
         if name not in self.tools:
-            return ToolOutcome(name, f"Unknown function '{name}'. Available tools: {sorted(self.tools)}", status=ERROR)
+            return ToolOutcome(name, f"Unknown function '{name[:100]}'. Available tools: {sorted(self.tools)}",
+                               status=ERROR)
         if not isinstance(call.arguments, dict):
             return ToolOutcome(name, f"Invalid arguments for '{name}': expected a JSON object, got "
                                      f"{str(call.arguments)[:100]!r}", status=ERROR)
         tool = self.tools[name]
         try:
-            response, reward, metrics = await asyncio.wait_for(self._execute(tool, name, call.arguments),
-                                                               timeout=self.timeout_s)
+            response, reward, metrics = await self._timed(self._execute(tool, name, call.arguments))
         except asyncio.TimeoutError:
             return ToolOutcome(name, f"Error executing tool '{name}': timed out after {self.timeout_s:g}s",
                                status=TIMEOUT)
+        except ToolBusy as exc:
+            return ToolOutcome(name, f"Error executing tool '{name}': {exc}", status=ERROR)
         except Exception as exc:  # noqa: BLE001 - a tool's bug is the model's answer, not the run's end
             return ToolOutcome(name, f"Error executing tool '{name}': {type(exc).__name__}: {exc}", status=ERROR)
         if response.image or response.video:
@@ -98,12 +126,44 @@ class ToolSession:
                                      "reaches the model", status=ERROR)
         return ToolOutcome(name, response.text or "", float(reward or 0.0), dict(metrics or {}))
 
+    async def _timed(self, work: Any) -> Any:
+        """`await work` with `timeout_s` of running time (tools/queueing.py): TimeoutError, or ToolBusy when
+        it waited for a slot longer than QUEUE_FACTOR x timeout_s. A timed-out call is cancelled and unwound."""
+        clock = CallClock()
+
+        async def run() -> Any:
+            set_clock(clock)
+            return await work
+
+        task = asyncio.ensure_future(run())
+        try:
+            while True:
+                remaining = self.timeout_s - clock.running()
+                if clock.queued_total() > QUEUE_FACTOR * self.timeout_s:
+                    raise ToolBusy(f"the tool is busy: no free slot after {clock.queued_total():.0f}s")
+                if remaining <= 0:
+                    raise asyncio.TimeoutError()
+                done, _ = await asyncio.wait({task}, timeout=remaining if not clock.waiting else
+                                             min(remaining, QUEUE_FACTOR * self.timeout_s - clock.queued_total()))
+                if done:
+                    return task.result()
+        except BaseException:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=CANCEL_WAIT_S)
+            raise
+
+    async def _instance(self, tool: Any, name: str) -> str:
+        async with self._creating.setdefault(name, asyncio.Lock()):
+            if name not in self.instances:
+                instance_id, _ = await tool.create(create_kwargs=self._kwargs(name, "create_kwargs"))
+                self.instances[name] = instance_id
+        return self.instances[name]
+
     async def _execute(self, tool: Any, name: str, arguments: dict) -> tuple[ToolResponse, float, dict]:
         if isinstance(tool, FunctionTool):
             return normalize_function_tool_return(await tool.call(arguments))
-        if name not in self.instances:
-            instance_id, _ = await tool.create(create_kwargs=self._kwargs(name, "create_kwargs"))
-            self.instances[name] = instance_id
+        await self._instance(tool, name)
         response, reward, metrics = await tool.execute(self.instances[name], arguments, agent_data=self.agent_data,
                                                        **self._kwargs(name, "execute_kwargs"))
         if not isinstance(response, ToolResponse):  # verl's older tools return plain text

@@ -4,7 +4,9 @@
 
 The module names mirror verl's (`base_tool`, `schemas`, `function_tool`, `tool_registry`), so
 a verl tool ports by replacing `verl.tools` with `verl_async.tools` in its imports. Built-in
-tools: `calculator.CalculatorTool` and `python_tool.PythonCodeTool` (a sandboxed interpreter).
+tools: `calculator.CalculatorTool`, `python_tool.PythonCodeTool` (an interpreter whose code runs
+in the OS sandbox, verl_async/sandbox/) and verl's `sandbox_fusion_tools.SandboxFusionTool` (the
+code runs on a SandboxFusion service; verl's class path names it too).
 """
 
 from verl_async.tools.base_tool import BaseTool

@@ -9,12 +9,17 @@ file of such functions; it is executed once per process.
 A function tool is stateless (no create/release, `tools_kwargs` do not reach it). It may
 return a str, a dict (sent as JSON), a ToolResponse, or a tuple (response[, reward[, metrics]]).
 A plain (non-async) function runs in its own daemon thread, so a slow one never blocks
-the event loop and a hung one, abandoned at the agent loop's timeout, never blocks exit.
+the event loop and a hung one never blocks exit. At most `MAX_RUNNING_FUNCTION_CALLS` such
+threads live in a process (a call waits for one; the wait is queueing, not the call's time).
+A call the agent loop times out is stopped: `ToolCallStopped` is raised in its thread, which
+ends Python code at its next line. A thread blocked inside C (a sleep, a lock, a socket)
+ends when that call returns; until then it holds its slot, so hung calls cannot pile up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib.util
 import inspect
 import json
@@ -25,9 +30,26 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
+from verl_async.tools.queueing import queued
 from verl_async.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 logger = logging.getLogger(__name__)
+
+MAX_RUNNING_FUNCTION_CALLS = 8  # threads running sync function tools, per process
+_THREAD_SLOTS = threading.BoundedSemaphore(MAX_RUNNING_FUNCTION_CALLS)
+_SLOT_POLL_S = 0.02
+
+
+class ToolCallStopped(Exception):
+    """Raised inside a function tool's thread when the agent loop gave up on the call."""
+
+
+def stop_thread(thread: threading.Thread) -> bool:
+    """Raise ToolCallStopped in `thread` at its next Python line; False if it is gone."""
+    if thread.ident is None or not thread.is_alive():
+        return False
+    return ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                      ctypes.py_object(ToolCallStopped)) == 1
 
 FUNCTION_TOOL_REGISTRY: dict[str, "FunctionTool"] = {}
 _LOADED_PATHS: dict[str, list["FunctionTool"]] = {}
@@ -48,11 +70,14 @@ class FunctionTool:
 
 
 async def run_in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)` in a fresh daemon thread; cancelling the await abandons the thread.
+    """`fn(*args, **kwargs)` in a fresh daemon thread, once one of the process's thread slots is free.
 
-    Not asyncio.to_thread: its pool threads are joined at interpreter exit, so one hung
-    tool would hang the process's end, and a few would starve the pool.
+    Cancelling the await stops the thread (`stop_thread`). Not asyncio.to_thread: its pool
+    threads are joined at interpreter exit, so one hung tool would hang the process's end.
     """
+    async with queued():
+        while not _THREAD_SLOTS.acquire(blocking=False):
+            await asyncio.sleep(_SLOT_POLL_S)
     loop = asyncio.get_running_loop()
     future: asyncio.Future = loop.create_future()
 
@@ -60,16 +85,36 @@ async def run_in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any
         if not future.done():
             (future.set_result if ok else future.set_exception)(value)
 
+    def report(ok: bool, value: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:  # the loop is closed: nobody waits for this result any more
+            pass
+
     def body() -> None:
         try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            loop.call_soon_threadsafe(settle, False, exc)
-        else:
-            loop.call_soon_threadsafe(settle, True, result)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                report(False, exc)
+            else:
+                report(True, result)
+        except ToolCallStopped:  # arrived after the function returned: nothing left to stop
+            pass
+        finally:
+            _THREAD_SLOTS.release()
 
-    threading.Thread(target=body, name=f"tool-{getattr(fn, '__name__', 'fn')}", daemon=True).start()
-    return await future
+    thread = threading.Thread(target=body, name=f"tool-{getattr(fn, '__name__', 'fn')}", daemon=True)
+    try:
+        thread.start()
+    except BaseException:
+        _THREAD_SLOTS.release()
+        raise
+    try:
+        return await future
+    except asyncio.CancelledError:
+        stop_thread(thread)
+        raise
 
 
 def function_tool(name: Union[str, Callable, None] = None, *,

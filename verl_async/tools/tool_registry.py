@@ -7,6 +7,9 @@ The YAML is verl's format:
         config: {type: native, ...}                              # handed to the class
         tool_schema: {type: function, function: {name, description, parameters}}   # optional
 
+verl's own class paths that have a counterpart here are read as it (`VERL_TOOL_CLASSES`), so a
+verl tool config naming `verl.tools.sandbox_fusion_tools.SandboxFusionTool` works unchanged.
+
 Problems raise ToolLoadError naming the config key (`tool_config_path` or
 `function_tool_path`), the file and the entry; config validation turns it into the one
 ConfigError line (verl_async/config/multi_turn.py).
@@ -54,8 +57,14 @@ class ToolSpec:
         return self.schema.function.name if self.schema is not None else self.build().name
 
 
+VERL_TOOL_CLASSES = {  # verl's class path -> ours (same config keys and behaviour)
+    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "verl_async.tools.sandbox_fusion_tools.SandboxFusionTool",
+}
+
+
 def get_tool_class(class_name: str) -> type:
     """`package.module.Class` -> the class (ImportError/AttributeError as Python raises them)."""
+    class_name = VERL_TOOL_CLASSES.get(class_name, class_name)
     module_name, _, attr = class_name.rpartition(".")
     if not module_name:
         raise ImportError(f"{class_name!r} is not a module path (expected package.module.Class)")

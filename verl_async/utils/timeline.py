@@ -24,6 +24,9 @@ KIND_COLORS = {
     "validate": "#7cc16f",
     "val_wait": "#b5dcae",
     "pause": "#9a7fc9",
+    "hold_budget": "#f2c9c9",  # the Rollouter may start no group: staleness budget spent until the next sync
+    "hold_sync": "#e7a3a3",  # ... a weight sync is under way
+    "hold_inflight": "#f0e0b0",  # ... rollout.max_inflight_groups reached
 }
 
 
@@ -159,6 +162,8 @@ def timeline_metrics(run_dir: str) -> dict[str, float]:
     wall = hi - lo
     gen_busy, train_busy = union_length(gen, lo, hi), union_length(train, lo, hi)
     tokens = sum(s["info"].get("tokens", 0) for s in spans if s["kind"] == "train" and s["lane"].startswith("trainer"))
+    holds = {reason: union_length([(s["start"], s["end"]) for s in spans if s["kind"] == f"hold_{reason}"], lo, hi)
+             for reason in ("budget", "sync", "inflight")}
     return {
         "wall_s": wall,
         "gen_busy_s": gen_busy,
@@ -171,4 +176,11 @@ def timeline_metrics(run_dir: str) -> dict[str, float]:
         "trainer_idle_ratio": 1.0 - train_busy / wall,
         "pipeline_efficiency": max(gen_busy, train_busy) / wall,
         "generated_tokens": float(sum(s["info"].get("tokens", 0) for s in spans if s["kind"] == "generate")),
+        # requests on the engines, averaged over the window (an engine that is busy but underfed shows here)
+        "mean_running_requests": sum(min(e, hi) - max(s, lo) for s, e in gen if e > lo and s < hi) / wall,
+        # the Rollouter could start no new group because ... (seconds in the window)
+        "admission_hold_budget_s": holds["budget"],
+        "admission_hold_sync_s": holds["sync"],
+        "admission_hold_inflight_s": holds["inflight"],
+        "startup_s": lo,  # run start (the driver's clock) to the first generated token
     }

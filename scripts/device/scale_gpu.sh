@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Issue 37 on a lent two-GPU machine (nvidia-h100-x2 / nvidia-h200-x2), by phase; results under $OUT. Repo root:
+#   bash scripts/device/scale_gpu.sh PHASE [PHASE ...]
+# Phases:
+#   setup                  Ray & co from the carried .whl into /tmp/site (carry .whl); GPUs and versions
+#   bench:TAG:SHAPE:CFGS   scripts/bench_async.py on every GPU, native engine, the forced long tail (mean 512, cap 2048):
+#                          SHAPE = 0.5b | 1.5b | 3b | 7b (random weights of the Qwen2.5 shape), CFGS = configs joined
+#                          by '+' (sync | sS_pP[_tT] split | cS_pP[_tT] colocated async, e.g. sync+s0.5_p1_t1+s2_p1_t1);
+#                          BENCH_ARGS adds arguments (e.g. --steps 12), EXTRA_TAG (TAG upper-cased) adds
+#                          key=value overrides (space-separated) to every run of that phase, ARGS_TAG more arguments.
+#                          -> $STORE/bench_TAG.json, bench_TAG.log, bench_TAG-runs.tar.gz (timelines, tensorboard)
+#   queue:P1,P2,...        the phases one after another in the background (scripts/device/queue.sh)
+#   wait:SECONDS           wait for the queue, then copy what finished to $OUT (and a snapshot of runs still going)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/scale_out}
+STORE=/tmp/scale_store
+RUNS=/tmp/runs/scale
+mkdir -p "$OUT" "$STORE" "$RUNS"
+# shellcheck source=scripts/device/queue.sh
+source scripts/device/queue.sh
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
+export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+status=0
+
+bench() {  # bench TAG SHAPE CFGS
+  local tag=$1 shape=$2 cfgs=${3//+/,} extra_var t0=$SECONDS extra=()
+  extra_var="EXTRA_$(echo "$tag" | tr '[:lower:].-' '[:upper:]__')"
+  for kv in ${!extra_var:-}; do extra+=(--extra "$kv"); done
+  local args_var="ARGS_${extra_var#EXTRA_}"  # ARGS_TAG: more bench_async arguments for this phase alone
+  local dir
+  dir=$(run_dir "bench_$tag")
+  echo "=== bench $tag: shape $shape, configs $cfgs, ${#extra[@]} extra args (limit ${BENCH_LIMIT:-1500}s)"
+  # shellcheck disable=SC2086
+  timeout --kill-after=15 "${BENCH_LIMIT:-1500}" python3 scripts/bench_async.py --device cuda --gpus "$NGPU" \
+    --engine native --shape "$shape" --configs "$cfgs" --work-dir "$dir" --out "$STORE/bench_$tag.json" \
+    ${BENCH_ARGS:-} ${!args_var:-} "${extra[@]}" > "$STORE/bench_$tag.log" 2>&1
+  local rc=$?
+  echo "=== bench $tag: rc=$rc in $((SECONDS - t0))s"
+  grep -E "^\|" "$STORE/bench_$tag.log" | tail -n 12
+  grep -aE "Error|error:" "$STORE/bench_$tag.log" | tail -n 5 | cut -c1-300
+  (cd "$dir" && tar czf "$STORE/bench_$tag-runs.tar.gz" --ignore-failed-read */timeline.jsonl */timeline.html \
+      */tensorboard */config.yaml 2>/dev/null)
+  [ $rc -eq 0 ] || status=1
+}
+
+for phase in "$@"; do
+  case "$phase" in
+    setup)
+      bash scripts/device/install_on_device.sh base >/dev/null || status=1
+      nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+      python3 -c "import torch, transformers, ray; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'transformers', transformers.__version__, 'ray', ray.__version__)" ;;
+    bench:*)
+      IFS=: read -r _ tag shape cfgs <<< "$phase"
+      bench "$tag" "$shape" "$cfgs" ;;
+    queue:*) queue_start scripts/device/scale_gpu.sh "${phase#queue:}" ;;
+    wait:*)
+      queue_wait "${phase#wait:}" 30
+      send_finished "$STORE"/bench_*.json "$STORE"/bench_*.log "$STORE"/bench_*-runs.tar.gz
+      ls "$OUT" ;;
+    *) echo "unknown phase $phase" >&2; status=2 ;;
+  esac
+done
+exit $status
