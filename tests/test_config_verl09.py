@@ -194,8 +194,9 @@ _VLM = "vision-language (multi-modal) training is not implemented in verl_async;
     (["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", "trainer.n_gpus_per_node=2"], MEGATRON,
      "actor_rollout_ref.actor.megatron.expert_model_parallel_size: 2: MoE expert parallelism is not implemented (the "
      "Megatron trainer converts dense models); set it to 1"),
-    (["reward.reward_model.enable=true"], FSDP, "reward.reward_model.enable: model-based reward models are not "
-     "supported; rewards are rule-based (set it to false and score with reward.custom_reward_function.path/name)"),
+    # a reward model is built now (verl_async/reward_models/, docs/verl_v1.md): enabled without one, one line
+    (["reward.reward_model.enable=true"], FSDP, "reward.reward_model.model_path: required with reward.reward_model."
+     "enable=true (an HF folder or id: *ForSequenceClassification to score, or an instruct model as judge)"),
     (["reward.reward_manager.source=importlib"], FSDP, "reward.reward_manager.source: importlib (a custom reward "
      "manager class) is not supported; use reward.reward_manager.name=naive|dapo with a reward.custom_reward_function"),
     (["actor_rollout_ref.rollout.name=trtllm"], FSDP, "actor_rollout_ref.rollout.name: trtllm: TensorRT-LLM "

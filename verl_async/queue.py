@@ -67,8 +67,10 @@ class MessageQueue:
             self._produced += 1
             self._cond.notify_all()
 
-    async def get_batch(self, count: int, timeout: Optional[float] = None) -> list[RolloutSample]:
-        """Take exactly `count` groups in FIFO order.
+    async def get_batch(self, count: int, timeout: Optional[float] = None,
+                        oldest_first: bool = False) -> list[RolloutSample]:
+        """Take exactly `count` groups in FIFO order (`oldest_first`: those admitted under the oldest weight
+        version first, FIFO among equals: verl's V1 sampler order, verl_async/off_policy.py).
 
         Returns fewer only when the queue is closed and drained (the run's end);
         raises TimeoutError if `count` groups do not arrive in time (nothing is taken).
@@ -85,7 +87,13 @@ class MessageQueue:
             finally:
                 self._get_wait += loop.time() - start
             take = min(count, len(self._items))
-            batch = [self._items.popleft() for _ in range(take)]
+            if oldest_first:
+                order = sorted(range(len(self._items)), key=lambda i: (self._items[i].param_version_start, i))
+                batch = [self._items[i] for i in order[:take]]
+                chosen = set(order[:take])
+                self._items = collections.deque(s for i, s in enumerate(self._items) if i not in chosen)
+            else:
+                batch = [self._items.popleft() for _ in range(take)]
             self._consumed += take
             self._cond.notify_all()
             return batch

@@ -84,13 +84,12 @@ def strategy_sections(cfg: DictConfig) -> None:
 @check
 def unsupported_features(cfg: DictConfig) -> None:
     """verl features verl_async does not implement, set on: refused, saying what to do instead."""
-    reward_model = ("model-based reward models are not supported; rewards are rule-based (set it to false and score "
-                    "with reward.custom_reward_function.path/name)")
+    reward_model = ("verl's older reward-model layout is not supported here; use verl 0.9's keys: reward.reward_model."
+                    "enable=true reward.reward_model.model_path=... (docs/verl_v1.md)")
     refusals = {
         "actor_rollout_ref.model.lora_rank": (
             cfg.actor_rollout_ref.model.lora_rank > 0, "LoRA is not supported by verl_async; set it to 0"),
         "reward_model.enable": (cfg.reward_model.enable, reward_model),
-        "reward.reward_model.enable": (bool(cfg.reward.reward_model.get("enable")), reward_model),
         "reward.reward_manager.source": (
             cfg.reward.reward_manager.source == "importlib",
             "importlib (a custom reward manager class) is not supported; use reward.reward_manager.name=naive|dapo "
@@ -376,6 +375,22 @@ def colocation(cfg: DictConfig) -> None:
             f"{cfg.async_training.sync_transport} cannot join two processes of one device (rollout.colocate=true); "
             "use object_store (or cuda_ipc on CUDA)",
         )
+
+
+@check
+def distillation(cfg: DictConfig) -> None:
+    """`distillation.*`: the teachers and verl's rules (config/distillation.py)."""
+    from verl_async.config.distillation import check_distillation
+
+    check_distillation(cfg)
+
+
+@check
+def reward_model(cfg: DictConfig) -> None:
+    """`reward.reward_model.*`: a reward model and where it runs (config/reward_model.py)."""
+    from verl_async.config.reward_model import check_reward_model
+
+    check_reward_model(cfg)
 
 
 # --------------------------------------------------------------------------- observability

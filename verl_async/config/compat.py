@@ -10,7 +10,7 @@ named by its full key.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, NamedTuple, Tuple
+from typing import Any, Collection, Dict, List, NamedTuple, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -65,7 +65,6 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Compat(None, "use actor_rollout_ref.rollout.n"),
     "reward.reward_manager.module": Compat({"path": None, "name": "custom_reward_manager"},
                                            "custom reward manager classes are not supported"),
-    "reward.reward_model": Compat({"enable": False}, "model-based rewards are not supported"),
     "trainer.critic_warmup": Compat(0, "there is no critic"),
     "trainer.default_hdfs_dir": Compat(None),
     "trainer.del_local_ckpt_after_load": Compat(False),
@@ -124,12 +123,12 @@ def _changed(key: str, value: Any, default: Any) -> List[Tuple[str, Any]]:
     return [] if value == default else [(key, value)]
 
 
-def compat_keys_set(cfg: DictConfig) -> List[Tuple[str, Any]]:
-    """(full key, value) of every compatibility-only key set to a non-default value."""
+def compat_keys_set(cfg: DictConfig, skip: Collection[str] = ()) -> List[Tuple[str, Any]]:
+    """(full key, value) of every compatibility-only key set to a non-default value (`skip`: used by this run)."""
     out: List[Tuple[str, Any]] = []
     strategy = OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy", default=None)
     for key, compat in COMPAT_KEYS.items():
-        if compat.used_by and compat.used_by == strategy:
+        if (compat.used_by and compat.used_by == strategy) or key in skip:
             continue
         node = OmegaConf.select(cfg, key, default=_ABSENT)
         if node is _ABSENT:
@@ -155,10 +154,10 @@ def warn_once(key: str, message: str) -> bool:
     return True
 
 
-def warn_compat_keys(cfg: DictConfig) -> List[str]:
+def warn_compat_keys(cfg: DictConfig, skip: Collection[str] = ()) -> List[str]:
     """Log one warning per compatibility-only key set in `cfg` (once per process); return them."""
     fresh = []
-    for key, value in compat_keys_set(cfg):
+    for key, value in compat_keys_set(cfg, skip):
         why = _why(key)
         message = f"{key}={value!r} is accepted for verl compatibility but not used by verl_async"
         if warn_once(key, message + (f" ({why})" if why else "")):

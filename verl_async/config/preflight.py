@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl_async.config import derived
+from verl_async.config.distillation import preflight_side_models
 from verl_async.config.errors import ConfigError
 from verl_async.config.model_source import prompt_tokenizer
 from verl_async.config.ray_address import check_ray_address
@@ -43,6 +44,7 @@ def preflight(cfg: DictConfig) -> Dict[str, Any]:
     check_cpu_token_budgets(cfg)
     check_reward_function(cfg)
     tokenizer = prompt_tokenizer(cfg)
+    preflight_side_models(cfg, tokenizer)  # distillation teachers, the reward model (config/distillation.py)
     datasets = {split: load_prompts(cfg, tokenizer, split) for split in ("train", "val")}
     rows = {split: None if d is None else d.stats.rows_read for split, d in datasets.items()}
     prompts = {split: None if d is None else len(d) for split, d in datasets.items()}

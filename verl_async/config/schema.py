@@ -34,6 +34,7 @@ from verl_async.config.schema_rules import (
     rule,
     schema,
 )
+from verl_async.config.schema_v1 import DistillationConfig, TrainerV1Config, TransferQueueConfig, VerlRewardModelConfig
 from verl_async.config.schema_actor_rollout_ref import (  # noqa: F401 - OptimConfig: the keys Megatron adds
     ActorRolloutRefConfig,
     MegatronActorRolloutRefConfig,
@@ -166,7 +167,7 @@ class RewardConfig:
     reward_manager: VerlRewardManagerConfig
     custom_reward_function: VerlCustomRewardFunctionConfig
     reward_kwargs: Dict[str, Any]
-    reward_model: Dict[str, Any]  # model-based rewards: enable=true is refused (checks.py)
+    reward_model: VerlRewardModelConfig  # a reward model (verl_async/reward_models/)
     sandbox_fusion: Dict[str, Any]  # code-execution rewards: url (null: the built-in sandbox), max_concurrent, memory_limit_mb
 
 
@@ -207,6 +208,8 @@ class TrainerConfig:
     use_legacy_worker_impl: str
     device: str = rule(choices=DEVICES)
     seed: int
+    use_v1: bool  # verl's V1 trainer keys (config/verl_v1.py)
+    v1: TrainerV1Config
 
 
 @schema
@@ -305,6 +308,8 @@ class RootConfig:
     ray_init: RayInitConfig
     ray_kwargs: RayKwargsConfig
     global_profiler: Dict[str, Any]
+    transfer_queue: TransferQueueConfig
+    distillation: DistillationConfig
 
 
 @schema

@@ -22,6 +22,7 @@ from verl_async.config.checks import CHECKS
 from verl_async.config.compat import ALIASES, warn_compat_keys
 from verl_async.config.errors import ConfigError
 from verl_async.config.verl09 import map_verl09, refuse_unimplemented
+from verl_async.config.verl_v1 import map_verl_v1, pre_merge as pre_merge_v1, used_keys as v1_used_keys
 
 _MISSING = object()
 
@@ -35,6 +36,7 @@ def validate(cfg: Any) -> DictConfig:
     """
     raw = _resolve(cfg)
     refuse_unimplemented(raw)
+    pre_merge_v1(raw)
     strategy = _select(raw, "actor_rollout_ref.actor.strategy")
     _check_strategy_sections(raw, strategy)
     root = S.root_schema(strategy)
@@ -44,7 +46,7 @@ def validate(cfg: Any) -> DictConfig:
     _normalize(typed)
     for check in CHECKS:
         check(typed)
-    warn_compat_keys(typed)
+    warn_compat_keys(typed, skip=v1_used_keys(typed))
     return typed
 
 
@@ -156,6 +158,7 @@ def _normalize(cfg: DictConfig) -> None:
             raise ConfigError(alias.src, f"{value!r} conflicts with {alias.dst}={current!r}; set only one")
         OmegaConf.update(cfg, alias.dst, value, merge=False)
     map_verl09(cfg)
+    map_verl_v1(cfg)  # before `auto` below: the V1 mode decides rollout.colocate
     actor = cfg.actor_rollout_ref.actor
     if actor.optim.warmup_style is not None:  # verl: the old name wins when set
         actor.optim.lr_scheduler_type = actor.optim.warmup_style

@@ -89,6 +89,7 @@ class Rollouter:
         progress_timeout_s: Optional[float] = None,
         group_filter: Optional[GroupFilter] = None,
         agent_loop: Optional[Any] = None,
+        response_hook: Optional[Callable[[PromptTask, Response], Any]] = None,
     ) -> None:
         if not engines:
             raise ValueError("Rollouter needs at least one engine replica")
@@ -116,6 +117,7 @@ class Rollouter:
         self._retry: collections.deque[PromptTask] = collections.deque()  # dropped prompts to generate again
         self._source_done = False
         self._inflight: dict[str, tuple[PromptTask, asyncio.Task]] = {}
+        self._admitted_at: dict[str, int] = {}  # in-flight uid -> the version it was admitted under
         self._requests_on: list[dict[str, float]] = [{} for _ in self.engines]  # request id -> start (monotonic)
         # concurrent sequences each replica runs (max_num_seqs); pick_engine balances load / capacity
         self.engine_capacity = [max(1, int(c)) for c in (engine_capacity or [1] * len(self.engines))]
@@ -137,6 +139,9 @@ class Rollouter:
         self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
         self._serial = 0
         self.agent_loop = agent_loop  # multi-turn: rollout/agent_loop.ToolAgentLoop, one trajectory per response
+        # awaited with each finished response while the group's others still generate (distillation's teachers,
+        # verl_async/teachers/); must skip a response it has seen: it runs again on the whole group before scoring
+        self.response_hook = response_hook
         self.policy = (scheduling or PlainPolicy)(self, **dict(scheduling_kwargs or {}))
         for path in (lengths_log, failed_log):
             if path:
@@ -248,6 +253,11 @@ class Rollouter:
     def inflight_groups(self) -> int:
         return len(self._inflight)
 
+    def oldest_inflight_version(self) -> Optional[int]:
+        """The oldest weight version a group still in flight was admitted under (None: none in flight)."""
+        live = [self._admitted_at[uid] for uid in self._inflight if uid in self._admitted_at]
+        return min(live) if live else None
+
     @property
     def in_sync(self) -> bool:
         """Inside a weight sync (generation paused on purpose)."""
@@ -272,11 +282,13 @@ class Rollouter:
         self.counters.started_groups += 1
         task = asyncio.create_task(self._run_group(item), name=f"group-{item.uid}")
         self._inflight[item.uid] = (item, task)
+        self._admitted_at[item.uid] = self.version
         task.add_done_callback(lambda t, uid=item.uid: self._on_group_done(uid, t))
 
     def _on_group_done(self, uid: str, task: asyncio.Task) -> None:
         if uid in self._inflight and self._inflight[uid][1] is task:  # a retry of the uid may run already
             del self._inflight[uid]
+            self._admitted_at.pop(uid, None)
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
             logger.error("group %s failed: %r", uid, self._failure)
@@ -292,6 +304,8 @@ class Rollouter:
         responses: list[Response] = list(results)
         if len(responses) != self.n:
             raise RuntimeError(f"scheduling policy returned {len(responses)} responses for {item.uid}, expected {self.n}")
+        if self.response_hook is not None:  # responses a scheduling policy produced without generate_response
+            await asyncio.gather(*(self.response_hook(item, r) for r in responses))
         scores = await self.scorer(item, responses)
         for resp, (reward, info) in zip(responses, scores):
             resp.reward = float(reward)
@@ -308,6 +322,7 @@ class Rollouter:
             param_version_start=version_start,
             param_version_end=self.version,
         )
+        self._admitted_at.pop(item.uid, None)  # generated and scored: no longer "in flight" for a V1 wait
         finish = self.timeline.now()
         self.group_latencies.append(finish - submit)
         if self.lengths_log:
@@ -378,8 +393,12 @@ class Rollouter:
     async def generate_response(self, item: PromptTask, i: int) -> Optional[Response]:
         """Response `i` of `item`: one generation, or a whole tool-using trajectory with an agent loop."""
         if self.agent_loop is not None:
-            return await self.agent_loop.generate_response(self, item, i)
-        return await self.generate_one(item, i)
+            response = await self.agent_loop.generate_response(self, item, i)
+        else:
+            response = await self.generate_one(item, i)
+        if response is not None and self.response_hook is not None:
+            await self.response_hook(item, response)
+        return response
 
     async def generate_one(
         self,

@@ -33,6 +33,7 @@ from verl_async.rollout.native.sizing import DEFAULT_MAX_NUM_SEQS
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
+from verl_async.rollout.side_models import reward_model_scorer, shutdown as shutdown_side_models, teacher_pool
 from verl_async.config.derived import (
     colocated_device_ids,
     cpu_threads,
@@ -82,6 +83,7 @@ class DatasetPromptSource:
             ground_truth=item.ground_truth,
             extra_info=dict(item.extra_info or {}),
             agent_name=item.agent_name,
+            messages=[dict(m) for m in (item.messages or [])],
         )
 
     def next(self) -> Optional[PromptTask]:
@@ -221,10 +223,15 @@ class RolloutService:
         total = cfg.rollout.total_rollout_steps
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
         self.group_filter = GroupFilter.from_config(cfg.algorithm.get("filter_groups"), required, run_dir)
+        self.teachers = teacher_pool(cfg)  # distillation.enabled: the teachers score each finished response
+        # reward.reward_model.enable: the model scores each group (with the rule reward when use_task_rewards)
+        self.reward_model = reward_model_scorer(cfg, manager=self.reward, rule_scorer=RewardScorer(self.reward),
+                                                policy_tokenizer=self.tokenizer)
+        self.scorer = self.reward_model or RewardScorer(self.reward)
         self.rollouter = Rollouter(
             engines=self.engines,
             prompts=self.source,
-            scorer=RewardScorer(self.reward),
+            scorer=self.scorer,
             sink=QueueSink(queue_handle),
             n=n,
             sampling=sampling_from(rollout_cfg, eos),
@@ -244,6 +251,7 @@ class RolloutService:
                                                   int(rollout_cfg.prompt_length), int(rollout_cfg.response_length)),
             group_filter=self.group_filter,
             agent_loop=self.agent_loop,
+            response_hook=None if self.teachers is None else self.teachers.annotate,
         )
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
@@ -310,6 +318,10 @@ class RolloutService:
         if self.reservation is not None:
             self.reservation.release()
             self.reservation = None
+        if self.teachers is not None:
+            shutdown_side_models(self.teachers.replicas)
+        if self.reward_model is not None:
+            shutdown_side_models(self.reward_model.actors)
         self.reward.close()
 
     def placement(self) -> str:
@@ -341,6 +353,10 @@ class RolloutService:
     def release_budget(self, groups: int) -> None:
         self.rollouter.release_budget(groups)
 
+    def oldest_inflight_version(self) -> Optional[int]:
+        """For `trainer.v1.sampler.max_off_policy_strategy=wait` (verl_async/off_policy.py)."""
+        return self.rollouter.oldest_inflight_version()
+
     def budget_stall(self) -> dict[str, float]:
         """How long the Rollouter has idled on its staleness budget (the trainer's deadlock check)."""
         ro = self.rollouter
@@ -358,6 +374,10 @@ class RolloutService:
         out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
         out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)
         out.update(scheduling_metrics(self.rollouter, wall))
+        if self.teachers is not None:
+            out.update(self.teachers.metrics())
+        if self.reward_model is not None:
+            out.update(self.reward_model.metrics())
         if self.group_filter is not None:
             out.update(self.group_filter.metrics())
         if self.agent_loop is not None:

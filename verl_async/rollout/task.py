@@ -25,6 +25,7 @@ class PromptTask:
     extra_info: dict[str, Any] = field(default_factory=dict)
     attempts: int = 0  # earlier groups of this prompt dropped after engine errors
     agent_name: str = ""  # verl's per-row agent loop (multi-turn: tool_agent | single_turn_agent)
+    messages: list[dict] = field(default_factory=list)  # the prompt as chat messages (a reward model's own template)
 
 
 def target_length(item: PromptTask, i: int) -> Optional[int]:

@@ -43,7 +43,7 @@ from verl_async.trainer.attention import resolve_attn_implementation
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
 from verl_async.trainer.common import DTYPES, RankBase, eval_mode, log_prob_model
 from verl_async.trainer.rank_results import METRIC_KEYS, LogProbRows, UpdateStats, nonfinite_grads
-from verl_async.trainer.loss import LossConfig, guarded_actor_loss
+from verl_async.trainer.loss import LossConfig, guarded_actor_loss, student_topk
 from verl_async.trainer.lr_schedule import build_lr_scheduler
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.utils import device as device_layer
@@ -175,9 +175,11 @@ class FSDPWorker(RankBase):
         """`record_function('verl::<phase>')` while profiling (verl_async.utils.profile_summary), else nothing."""
         return torch.profiler.record_function(f"verl::{phase}") if self._profiling else contextlib.nullcontext()
 
-    def _forward(self, model, inp: ModelInputs, *, with_entropy: bool, use_ref: bool = False
-                 ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-        """(logp [b,T], entropy [b,T] or None, anchor): anchor is a zero that touches the whole graph.
+    def _forward(self, model, inp: ModelInputs, *, with_entropy: bool, use_ref: bool = False,
+                 topk_ids: Optional[torch.Tensor] = None
+                 ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Optional[torch.Tensor]]:
+        """(logp [b,T], entropy [b,T] or None, anchor, top-k [b,T,K] or None): anchor is a zero that touches the
+        whole graph; with `topk_ids` [b,T,K] (a teacher's top-k tokens, distillation) the student's log-probs of them.
 
         `use_ref`: the reference model's forward (its log-probs follow `ref.use_torch_compile`)."""
         with self._range("inputs"):
@@ -201,7 +203,11 @@ class FSDPWorker(RankBase):
         anchor = torch.where(torch.isfinite(raw_logp), raw_logp, torch.zeros_like(raw_logp)).sum() * 0.0
         logp = inp.scatter(raw_logp)
         ent = inp.scatter(raw_ent) if raw_ent is not None else None
-        return logp, ent, anchor
+        topk = None
+        if topk_ids is not None:
+            with self._range("distillation_topk"):
+                topk = student_topk(logits, inp, topk_ids.to(logits.device), temperature)
+        return logp, ent, anchor, topk
 
     def _packed(self) -> bool:
         return self.settings.use_remove_padding
@@ -220,8 +226,8 @@ class FSDPWorker(RankBase):
         out = LogProbRows()
         with eval_mode(model, after=self._offload_if_asked):
             for rows in micro_batches:
-                logp, ent, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy,
-                                             use_ref=use_ref)
+                logp, ent = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy,
+                                          use_ref=use_ref)[:2]
                 out.add(rows, logp, ent)
         return out.result(batch["responses"].shape[1], calculate_entropy)
 
@@ -274,11 +280,15 @@ class FSDPWorker(RankBase):
                 with self._range("inputs"):
                     inp = self._inputs(batch, rows)
                 stats.tokens += inp.num_tokens if rows else 0
-                logp, ent, anchor = self._forward(self.model, inp, with_entropy=want_entropy)
+                data = gather_rows(batch, rows, loss_keys) if rows else {}
+                logp, ent, anchor, topk = self._forward(self.model, inp, with_entropy=want_entropy,
+                                                        topk_ids=data.get("teacher_topk_ids"))
                 loss = anchor
                 if rows:
                     with self._range("loss"):
-                        data = {k: v.to(logp.device) for k, v in gather_rows(batch, rows, loss_keys).items()}
+                        data = {k: v.to(logp.device) for k, v in data.items()}
+                        if topk is not None:
+                            data["student_topk_log_probs"] = topk
                         micro_loss, m, error = guarded_actor_loss(logp, ent, data, cfg, rows=rows,
                                                                   global_tokens=plan.num_tokens,
                                                                   global_seqs=plan.num_seqs,

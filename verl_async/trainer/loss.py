@@ -20,6 +20,11 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 from verl_async.algos import agg_loss, kl_penalty, ppo_policy_loss
+from verl_async.algos.distillation import DistillationLoss, combine_with_policy_loss, distillation_loss, topk_log_probs
+
+# the distillation metrics a micro-batch contributes (token-weighted shares, summed over micro-batches and ranks)
+DISTILLATION_METRICS = ("distillation/loss", "distillation/abs_loss", "distillation/student_mass",
+                        "distillation/teacher_mass")
 
 
 @dataclass(frozen=True)
@@ -32,13 +37,22 @@ class LossConfig:
     use_kl_loss: bool
     kl_loss_coef: float
     kl_loss_type: str
+    distillation: Optional[DistillationLoss] = None  # on-policy distillation (verl_async/algos/distillation.py)
 
     @classmethod
     def from_settings(cls, s) -> "LossConfig":
         """From a `TrainerSettings` (runtime overrides included)."""
         return cls(loss_agg_mode=s.loss_agg_mode, clip_ratio_low=s.clip_ratio_low, clip_ratio_high=s.clip_ratio_high,
                    clip_ratio_c=s.clip_ratio_c, entropy_coeff=s.entropy_coeff, use_kl_loss=s.use_kl_loss,
-                   kl_loss_coef=s.kl_loss_coef, kl_loss_type=s.kl_loss_type)
+                   kl_loss_coef=s.kl_loss_coef, kl_loss_type=s.kl_loss_type,
+                   distillation=getattr(s, "distillation", None))
+
+
+def loss_data_keys(distillation: Optional[DistillationLoss]) -> tuple[str, ...]:
+    """The teacher tensors the distillation loss reads from the batch (the student's top-k come from the forward)."""
+    if distillation is None:
+        return ()
+    return ("teacher_topk_ids", "teacher_topk_log_probs") if distillation.uses_topk else ("teacher_log_probs",)
 
 
 def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], data: Mapping[str, torch.Tensor],
@@ -75,6 +89,16 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], data: Mappin
         kl = agg_loss(kld, mask, cfg.loss_agg_mode, **norm)
         metrics["actor/kl_loss"] = float(kl.detach())
         loss = loss + cfg.kl_loss_coef * kl
+    if cfg.distillation is not None:
+        distill, dm = distillation_loss(
+            cfg.distillation, logp, data["old_log_probs"], mask, cfg.loss_agg_mode,
+            teacher_logp=data.get("teacher_log_probs"), student_topk_logp=data.get("student_topk_log_probs"),
+            teacher_topk_logp=data.get("teacher_topk_log_probs"), is_weights=data.get("is_weights"), **norm)
+        metrics["distillation/loss"] = float(distill.detach())
+        for name in ("abs_loss", "student_mass", "teacher_mass"):  # token means over this micro-batch
+            if name in dm:
+                metrics[f"distillation/{name}"] = dm[name] * share
+        loss = combine_with_policy_loss(cfg.distillation, loss, distill)
     metrics["actor/loss"] = float(loss.detach())
     return loss, metrics
 
@@ -88,6 +112,10 @@ def guarded_actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], data
     """
     valid = data["loss_mask"].bool()
     finite = torch.isfinite(logp) & (torch.isfinite(entropy) if entropy is not None else True)
+    for name in ("student_topk_log_probs", "teacher_topk_log_probs", "teacher_log_probs"):
+        if name in data:  # a teacher's or the student's top-k: every entry of a valid token
+            values = data[name]
+            finite = finite & (torch.isfinite(values).all(-1) if values.ndim == 3 else torch.isfinite(values))
     if not bool(finite[valid].all()):
         return None, {}, f"non-finite log-probs/entropy in rows {list(rows)[:8]}"
     try:
@@ -96,3 +124,12 @@ def guarded_actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], data
     except ValueError as exc:  # non-finite per-token loss
         return None, {}, str(exc)
     return loss, metrics, None
+
+
+def student_topk(logits: torch.Tensor, inp, topk_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The student's log-probs (temperature applied, as its sampled-token ones) of a teacher's top-k tokens,
+    `[b, T, K]` for a micro-batch's `ModelInputs` (`logits` [r, K', V] at its kept positions; 0 off the response)."""
+    flat = logits.reshape(-1, logits.shape[-1])[inp.src]  # one row per valid response token
+    values = topk_log_probs(flat, topk_ids[inp.dst_row, inp.dst_col], temperature)
+    out = values.new_zeros((inp.num_rows, inp.width, topk_ids.shape[-1]))
+    return out.index_put((inp.dst_row, inp.dst_col), values)

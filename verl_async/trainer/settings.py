@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from verl_async.distillation_loss import DistillationLoss
 from verl_async.algos.logprob import logprob_temperature
 from verl_async.config.derived import rollout_max_model_len
 from verl_async.invariant import attention_span
@@ -79,6 +80,20 @@ def _dtype_name(path: str, value: Any) -> str:
     if value not in _DTYPES:
         raise ValueError(f"{path} must be one of {sorted(_DTYPES)}, got {value!r}")
     return _DTYPES[value]
+
+
+def _distillation(d: Any) -> Optional[DistillationLoss]:
+    """`distillation.*` as the loss reads it (None when not enabled; config/distillation.py checked it)."""
+    if not d or not d.get("enabled"):
+        return None
+    dl = dict(d.get("distillation_loss") or {})
+    opt = lambda k: None if dl.get(k) is None else float(dl[k])  # noqa: E731
+    return DistillationLoss(
+        loss_mode=str(dl.get("loss_mode", "k3")), topk=None if dl.get("topk") is None else int(dl["topk"]),
+        use_task_rewards=bool(dl.get("use_task_rewards", True)),
+        distillation_loss_coef=float(dl.get("distillation_loss_coef", 1.0)), loss_max_clamp=opt("loss_max_clamp"),
+        log_prob_min_clamp=opt("log_prob_min_clamp"), use_policy_gradient=bool(dl.get("use_policy_gradient", False)),
+        clip_ratio_low=float(dl.get("clip_ratio_low", 0.2)), clip_ratio_high=float(dl.get("clip_ratio_high", 0.2)))
 
 
 @dataclass(frozen=True)
@@ -197,6 +212,8 @@ class TrainerSettings:
     # true on-policy mode (rollout.true_on_policy): the attention span shared with the native engine
     # (verl_async.invariant), None when off
     true_on_policy_span: Optional[int] = None
+    # on-policy distillation (distillation.enabled): verl's distillation loss beside the policy loss, None when off
+    distillation: Optional[DistillationLoss] = None
     extra: dict = field(default_factory=dict)
 
     # knobs that may change after init (by their actor key name)
@@ -328,6 +345,7 @@ class TrainerSettings:
                                    else _bool(f"{ref}.use_torch_compile", ref_compile)),
             save_hf_model="hf_model" in list(g(f"{a}.checkpoint.save_contents", []) or []),
             true_on_policy_span=span,
+            distillation=_distillation(g("distillation", None)),
         )
         settings.check()
         return settings

@@ -35,9 +35,11 @@ from tensordict import TensorDict
 
 from verl_async.config.derived import finish_timeout_s, required_samples
 from verl_async.config.resume import run_facts
+from verl_async.config.verl_v1 import off_policy_wait, oldest_first
 from verl_async.errors import innermost_cause, root_cause
 from verl_async.protocol import RolloutSample, collate_groups
 from verl_async.reward.error_rate import RewardFunctionError
+from verl_async.off_policy import must_wait, trajectory_metrics
 from verl_async.staleness import exceeds_max_staleness
 from verl_async.sync import TIMEOUT_KEY as SYNC_TIMEOUT_KEY
 from verl_async.sync import build_sync_from_config, sync_timeout_s
@@ -132,6 +134,8 @@ class Trainer:
         self.trigger = int(cfg.async_training.trigger_parameter_sync_step)
         self.n = int(cfg.actor_rollout_ref.rollout.n)
         self.max_staleness = cfg.algorithm.get("max_staleness")
+        self.off_policy_wait = off_policy_wait(cfg)  # V1 max_off_policy_strategy=wait: the span it waits at
+        self.oldest_first = oldest_first(cfg)  # V1's sampler order
         self.kl_coef = float(cfg.algorithm.kl_ctrl.kl_coef)  # in-reward KL; moves with kl_ctrl.type=adaptive
         self.algorithm = StepAlgorithm.from_config(cfg)
         self.test_freq = int(cfg.trainer.test_freq or -1)
@@ -388,10 +392,13 @@ class Trainer:
             return self.group_source(self.step) or []
         t0 = time.monotonic()
         start = self.timeline.now()
+        order = {"oldest_first": True} if self.oldest_first else {}
         try:
+            self._wait_off_policy()
             while not self._stop.is_set():
                 try:
-                    return self._call(self.queue.get_batch.remote(self.required, QUEUE_POLL_S), "the queue's get_batch",
+                    return self._call(self.queue.get_batch.remote(self.required, QUEUE_POLL_S, **order),
+                                      "the queue's get_batch",
                                       extra_s=QUEUE_POLL_S)  # the queue answers TimeoutError after QUEUE_POLL_S
                 except ray.exceptions.RayTaskError as exc:
                     if isinstance(exc.cause, TimeoutError) or "TimeoutError" in str(exc):
@@ -403,6 +410,23 @@ class Trainer:
             self._wait_this_step = time.monotonic() - t0
             self.wait_s += self._wait_this_step
             self.timeline.record("trainer/driver", "wait", start, self.timeline.now(), self.version)
+
+    def _wait_off_policy(self) -> None:
+        """V1 `max_off_policy_strategy=wait`: while a group in flight has spanned the threshold, let it finish
+        (it is then trained first, oldest_first) instead of dropping it. The Rollouter's progress watchdog
+        bounds the wait (a wedged engine fails the run)."""
+        if self.off_policy_wait is None or self.rollouter is None:
+            return
+        logged = False
+        while not self._stop.is_set():
+            oldest = self._call(self.rollouter.oldest_inflight_version.remote(), "the Rollouter's oldest group")
+            if not must_wait(self.version, oldest, self.off_policy_wait):
+                return
+            if not logged:
+                logger.info("version %d: waiting for the groups admitted under version %s (trainer.v1.sampler."
+                            "max_off_policy_threshold=%d, strategy wait)", self.version, oldest, self.off_policy_wait)
+                logged = True
+            time.sleep(QUEUE_POLL_S / 4)
 
     def _check_deadlock(self, waited_s: float) -> None:
         """Raise when neither side can move (a staleness slot that never came back); see STALL_LIMIT_S."""
@@ -531,6 +555,7 @@ class Trainer:
             g.validate(self.n)
         batch = collate_groups(groups, self.pad_token_id)
         metrics = batch_metrics(groups, self.version, int(self.cfg.data.max_response_length))
+        metrics.update(trajectory_metrics(groups, self.version))  # verl V1's training/off_policy/* beside ours
         self._save_rollout_data(groups)
         with open(self._trained_log, "a") as f:
             f.write(json.dumps({"step": self.step, "version": self.version, "uids": [g.uid for g in groups]}) + "\n")

@@ -81,6 +81,7 @@ from verl_async.checkpoint import (
 )
 from verl_async.placement import NodePlan, PlacementError, Reservation, reserve
 from verl_async.trainer.fsdp_worker import FSDPWorker
+from verl_async.trainer.loss import loss_data_keys
 from verl_async.trainer.prepare import correction_inputs
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.trainer.token_budget import device_budget, unset_budgets
@@ -320,11 +321,16 @@ class RayWorkerGroup:
         send.update(correction)
         if s.use_kl_loss:
             send["ref_log_prob"] = batch["ref_log_prob"]
+        teacher_keys = loss_data_keys(s.distillation)
+        if teacher_keys:  # distillation: the teachers' scores of every response (rollout side, verl_async/teachers/)
+            self._check_update_batch(batch, list(teacher_keys))
+            send.update({k: batch[k] for k in teacher_keys})
         plans = plan_update(batch["group_index"], weights, send["loss_mask"], mini_groups=s.ppo_mini_batch_size,
                             epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed * 100003 + self.global_step,
                             dp=self.dp_size, dynamic=s.use_dynamic_bsz, micro_size=s.ppo_micro_batch_size_per_gpu,
                             max_tokens=s.ppo_max_token_len_per_gpu)
-        loss_keys = [k for k in ("loss_mask", "old_log_probs", "advantages", "is_weights", "ref_log_prob") if k in send]
+        loss_keys = [k for k in ("loss_mask", "old_log_probs", "advantages", "is_weights", "ref_log_prob") + teacher_keys
+                     if k in send]
         ref = ray.put(TensorDict(send, batch_size=batch.batch_size))
         extra = {"profile": profile} if profile else {}
         refs = [w.update.remote(ref, plans, loss_keys, **extra) for w in self.workers]
