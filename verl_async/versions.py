@@ -1,7 +1,7 @@
 """The transformers releases verl_async supports, and the start-up check that refuses others.
 
 The range is pyproject.toml's `transformers` requirement (tests/test_versions.py keeps the
-two equal). Why these bounds (README "Supported versions"):
+two equal). Why these bounds (docs/versions.md):
 
 * 4.56.0 and 4.56.1: `get_decoder()` of a CausalLM returns None (transformers issue 40815,
   fixed in 4.56.2); the native engine's prefill calls the decoder and fails;
