@@ -237,3 +237,26 @@ def test_preflight_refuses_a_vision_language_model(tmp_path):
                               "vision_config); VLM training is not implemented in verl_async: use a text-only model")
     (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
     check_model_folder(cfg)
+
+
+@pytest.mark.parametrize("config,said", [
+    ({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2}, "model_type 'qwen3_moe', num_experts 8"),
+    ({"model_type": "mixtral", "num_local_experts": 8}, "model_type 'mixtral', num_local_experts 8"),
+    ({"model_type": "deepseek_v3", "n_routed_experts": 256}, "model_type 'deepseek_v3', n_routed_experts 256"),
+])
+def test_preflight_refuses_a_mixture_of_experts_model(tmp_path, config, said):
+    """A tiny Qwen3-MoE passed the dry run and trained, on code paths built and tested for dense models only,
+    though the README said MoE is refused (issue 42)."""
+    import json
+
+    from verl_async.config.preflight import check_model_folder
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = OmegaConf.create({"actor_rollout_ref": {"model": {"path": str(tmp_path)}}})
+    with pytest.raises(ConfigError) as err:
+        check_model_folder(cfg)
+    assert str(err.value) == (f"actor_rollout_ref.model.path: {tmp_path} is a mixture-of-experts model ({said} in its "
+                              "config.json); verl_async trains dense models only (Qwen2, Qwen3, Llama, Mistral and "
+                              "their kind): use a dense model")
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3", "num_experts": 1}')  # one expert is a dense model
+    check_model_folder(cfg)

@@ -224,6 +224,7 @@ def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(tmp_path, tin
                    "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
                    "data.max_response_length=24", "ray_init.num_cpus=2"),
     ]
+    args = [a if not a.startswith("trainer.logger=") else "trainer.logger=[tensorboard,file]" for a in args]
     env = dict(os.environ, PYTHONPATH=REPO, RAY_DEDUP_LOGS="0")
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     marker = tmp_path / "run" / "global_step_3" / "actor" / "meta.json"
@@ -242,6 +243,15 @@ def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(tmp_path, tin
     uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
     counts = collections.Counter(uids)
     assert len(counts) == 16 and set(counts.values()) == {1}, counts
+    # no line of the killed process after its checkpoint is left: each step logged once, by step (issue 42, item 7)
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        steps = [json.loads(line)["step"] for line in f if "training/global_step" in line]
+    assert steps == list(range(1, 9)), steps
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, 9))
 
 
 def test_filter_groups_keeps_flat_groups_out_of_training(ray_session, tmp_path, tiny_model_dir, data_files):
@@ -314,3 +324,12 @@ def test_total_training_steps_ends_the_run_and_a_larger_cap_resumes_exactly_once
     uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
     counts = collections.Counter(uids)
     assert len(counts) == 16 and set(counts.values()) == {1}, counts
+    # no line of the killed process after its checkpoint is left: each step logged once, by step (issue 42, item 7)
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        steps = [json.loads(line)["step"] for line in f if "training/global_step" in line]
+    assert steps == list(range(1, 9)), steps
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, 9))

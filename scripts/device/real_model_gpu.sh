@@ -28,7 +28,7 @@
 #                      sync   staleness 0, partial rollout off, with 0.5-2 s per tool call  } TOOLS_CMP_STEPS (24) steps,
 #                      async  staleness 0.5, partial rollout on, with 0.5-2 s per tool call } item 9; both start from
 #                             $TOOLS_MODEL (default: the HF model the learn run with the same SEED saved, else the model)
-#   readme:NAME      the README's bash block marked `<!-- gpu-command: NAME -->`, run verbatim with bash from the repo root
+#   readme:NAME      the bash block marked `<!-- gpu-command: NAME -->` in README.md or docs/*.md, run verbatim with bash from the repo root
 #                    (HOME=/root), timed; its console in $STORE/readme-NAME.log, its run folder archived as
 #                    $STORE/readme-NAME.tar.gz (the block's trainer.default_local_dir, else outputs/)
 #   megatron         scripts/device/megatron_gpu_check.sh ($STORE/megatron_check.tar.gz); megatron-core comes from
@@ -199,9 +199,11 @@ PY
       ls "$OUT" ;;
     readme:*)  # a README command exactly as a user runs it (python = this image's python3)
       name=${phase#readme:}
-      block=$(awk -v tag="<!-- gpu-command: $name -->" '$0 == tag {found=1; next} found && /^```bash/ {inb=1; next}
-              inb && /^```/ {exit} inb {print}' README.md)
-      [ -n "$block" ] || { echo "README.md has no block marked gpu-command: $name" >&2; status=2; continue; }
+      # README.md and the docs pages (docs/*.md) hold the marked blocks; an unmeasured one is run the same way
+      block=$(awk -v tag="<!-- gpu-command: $name -->" -v tag2="<!-- gpu-command-unmeasured: $name -->" \
+              '$0 == tag || $0 == tag2 {found=1; next} found && /^```bash/ {inb=1; next}
+              inb && /^```/ {exit} inb {print}' README.md docs/*.md)
+      [ -n "$block" ] || { echo "README.md and docs/*.md have no block marked gpu-command: $name" >&2; status=2; continue; }
       # `python` runs python3 (a symlink would lose the image's venv: Python finds pyvenv.cfg beside the link)
       mkdir -p /tmp/pybin && rm -f /tmp/pybin/python && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/pybin/python
       chmod +x /tmp/pybin/python

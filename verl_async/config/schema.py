@@ -202,7 +202,7 @@ class TrainerConfig:
     worker_timeout_s: float = rule(gt=0)
     val_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py validation_timeout_s)
     finish_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py finish_timeout_s)
-    cpu_threads_per_worker: int = rule(ge=1)
+    cpu_threads_per_worker: Optional[int] = rule(ge=1)  # null: derived (config/derived.py cpu_threads)
     dry_run: bool
     esi_redundant_time: float
     use_legacy_worker_impl: str

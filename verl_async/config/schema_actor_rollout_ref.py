@@ -273,7 +273,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = rule(gt=0, le=1)
     max_num_batched_tokens: int = rule(gt=0)
     max_model_len: Optional[int] = rule(gt=0)
-    max_num_seqs: int = rule(ge=1)
+    max_num_seqs: Optional[int] = rule(ge=1)  # null: sized from memory on CUDA (rollout/native/sizing.py), 64 elsewhere
     kv_cache_tokens: Optional[int] = rule(gt=0)
     enforce_eager: Optional[bool]
     free_cache_engine: bool

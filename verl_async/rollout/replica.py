@@ -25,7 +25,8 @@ from verl_async.sync import engine_weight_sync, rollout_weight_sync
 from verl_async.sync.buckets import tensor_checksum
 from verl_async.utils import device as device_layer
 from verl_async.utils.shared_dirs import SharedDir, verify_here
-from verl_async.utils.waiting import WaitTimeout, finished_in_turn
+from verl_async.utils.threads import set_torch_threads
+from verl_async.utils.waiting import WaitTimeout, finished_in_turn, resolve
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class ReplicaSpec:
     shared_devices: Optional[Sequence[str]] = None
     fail_replicas: FailReplicas = None
     shared_dirs: Sequence[SharedDir] = ()
+    cpu_threads: Optional[int] = None  # torch threads on CPU: the replica's share of the cores (config/derived.py)
 
 class EngineReplica:
     """Plain class behind the replica actor: builds the configured engine on this process's device."""
@@ -63,6 +65,7 @@ class EngineReplica:
             os.environ[device_layer.visible_devices_env(device)] = ",".join(mine)
         device_spec = device_layer.resolve(device)
         device_spec.set_current()
+        set_torch_threads(spec.cpu_threads if device == "cpu" else None)
         self.index = index
         engine = build_engine_from_config(
             spec.rollout_cfg,
@@ -152,7 +155,10 @@ class RemoteEngine(InferenceEngine):
         await self.handle.resume.remote()
 
     def stats(self) -> EngineStats:
-        return ray.get(self.handle.stats.remote(), timeout=60)
+        return resolve(self.handle.stats.remote(), 60)
+
+    async def stats_async(self) -> EngineStats:
+        return await self.handle.stats.remote()
 
     @property
     def version(self) -> int:
@@ -218,7 +224,7 @@ def start_replicas(
     try:
         for _, ref, left in finished_in_turn({f"replica {i}": h.ready.remote() for i, h in enumerate(handles)},
                                              timeout_s):
-            ray.get(ref, timeout=left)
+            resolve(ref, left)  # not ray.get: this runs in the Rollouter's (async) actor
     except WaitTimeout as late:
         for handle in handles:  # none is left loading or holding devices
             ray.kill(handle)

@@ -12,7 +12,7 @@ its `n` responses on the engine replicas, scores the group and puts ONE
 Finished groups wait with their put until the sync ends, so a checkpoint taken while
 paused sees each group either in the queue or among the pending prompts.
 
-Faults (README "Troubleshooting"): a request that fails is retried
+Faults (docs/troubleshooting.md): a request that fails is retried
 (`MAX_ENGINE_RETRIES`); a group with a response that still failed is dropped, gives its
 staleness slot back, and its prompt is generated again later, at most
 `max_prompt_retries` times, before it is counted as failed (`failed_prompts`, listed in

@@ -29,15 +29,18 @@ from verl_async.rollout.agent_loop import ToolAgentLoop, reward_extra_info
 from verl_async.rollout.background_validation import BackgroundValidation
 from verl_async.rollout.engine import InferenceEngine, SamplingParams
 from verl_async.rollout.group_filter import GroupFilter
+from verl_async.rollout.native.sizing import DEFAULT_MAX_NUM_SEQS
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
 from verl_async.rollout.side_models import reward_model_scorer, shutdown as shutdown_side_models, teacher_pool
 from verl_async.config.derived import (
     colocated_device_ids,
+    cpu_threads,
     max_required_samples,
     replica_start_timeout_s,
     required_samples,
+    rollout_max_model_len,
     rollout_replicas,
     validation_timeout_s,
 )
@@ -185,8 +188,11 @@ class RolloutService:
         required = required_samples(cfg)
         count = max(1, rollout_replicas(cfg)) if engines is None else len(engines)
         scheduling, scheduling_kwargs, capacities = scheduling_from_config(
-            cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs), required
+            cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs or DEFAULT_MAX_NUM_SEQS), required
         )
+        # max_num_seqs=null: each native CUDA replica sizes its slots from memory (rollout/native/sizing.py), read back
+        sized = rollout_cfg.max_num_seqs is None and scheduling == "plain" and engines is None
+        sized = sized and str(cfg.trainer.device) == "cuda" and str(rollout_cfg.name) == "native"
         if engines is None:
             spec = ReplicaSpec(
                 rollout_cfg, model_path, str(cfg.trainer.device),
@@ -195,12 +201,17 @@ class RolloutService:
                 shared_devices=colocated_device_ids(cfg),
                 fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
                 shared_dirs=tuple(shared_dirs),
+                cpu_threads=cpu_threads(cfg),
             )
             if not spec.shared_devices:  # colocated replicas go where the trainer's devices are
                 self.reservation = reserve(rollout_plan(cfg), replica_start_timeout_s(cfg))
             try:
-                engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities],
+                engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": None if sized else c}
+                                                                        for c in capacities],
                                          timeout_s=replica_start_timeout_s(cfg), placement=self.reservation)
+                if sized:
+                    capacities = [max(1, e.stats().kv_budget_tokens // max(1, rollout_max_model_len(rollout_cfg) or 1))
+                                  for e in engines]
             except BaseException:  # no shutdown() follows a failed start: give the devices back here
                 if self.reservation is not None:
                     self.reservation.release()
@@ -247,7 +258,7 @@ class RolloutService:
                         ", ".join(f"{i}:{c} seqs" for i, c in enumerate(capacities)))
         self.validator = None if self.val_dataset is None else Validator(
             self.val_dataset, self.reward, sampling_from(rollout_cfg, eos, validation=True),
-            k=int(rollout_cfg.val_kwargs.n), max_num_seqs=int(rollout_cfg.max_num_seqs), timeline=self.timeline,
+            k=int(rollout_cfg.val_kwargs.n), max_num_seqs=max(capacities), timeline=self.timeline,
             timeout_s=validation_timeout_s(cfg, len(self.val_dataset)),
             log_generations=int(cfg.trainer.log_val_generations), agent_loop=self.agent_loop,
             engine_busy=self.rollouter.engine_busy,

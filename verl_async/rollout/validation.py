@@ -72,9 +72,9 @@ def validation_metrics(k: int, prompts: Sequence[ScoredPrompt], lengths: Sequenc
     if not prompts:
         raise ValidationError(f"no validation prompt has a scored sample ({failed} of {requested} requests failed, "
                               f"the reward function failed on {reward_errors})")
-    by_source: dict[str, list[float]] = collections.defaultdict(list)
+    by_source: dict[str, list[ScoredPrompt]] = collections.defaultdict(list)
     for p in prompts:
-        by_source[p.source].append(float(np.mean(p.accs)))
+        by_source[p.source].append(p)
     out = {
         f"val/mean@{k}/score": float(np.mean([np.mean(p.scores) for p in prompts])),
         f"val/mean@{k}/acc": float(np.mean([np.mean(p.accs) for p in prompts])),
@@ -85,8 +85,13 @@ def validation_metrics(k: int, prompts: Sequence[ScoredPrompt], lengths: Sequenc
         "val/requested_samples": float(requested),
         "val/missing_samples": float(requested - sum(len(p.scores) for p in prompts)),
     }
-    for source, values in by_source.items():
-        out[f"val/{source}/acc"] = float(np.mean(values))
+    for source, group in by_source.items():
+        acc = float(np.mean([np.mean(p.accs) for p in group]))
+        out[f"val/{source}/acc"] = acc
+        # verl's names (verl/trainer/ppo/metric_utils.py process_validation_metrics), beside ours
+        out[f"val-core/{source}/acc/mean@{k}"] = acc
+        out[f"val-core/{source}/acc/best@{k}/mean"] = float(np.mean([max(p.accs) for p in group]))
+        out[f"val-aux/{source}/reward/mean@{k}"] = float(np.mean([np.mean(p.scores) for p in group]))
     return out
 
 

@@ -27,7 +27,6 @@ pessimistic 1000 tokens/s. Defaults (64 x (128 + 64)): 612 s; 256 x (2048 + 8192
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
@@ -100,10 +99,8 @@ class ProgressWatchdog:
         self.engine_tokens: list[Optional[int]] = [None] * count
         self._stats_error: list[Optional[str]] = [None] * count
         self._asked: list[Optional[tuple[float, asyncio.Future]]] = [None] * count
-        # stats() of a replica actor is a blocking ray.get: it runs here, one call per replica at a
-        # time, so a wedged replica holds one thread of this pool, never the scorers' threads
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, count),
-                                                           thread_name_prefix="verl_async-watchdog")
+        # one stats_async() call per replica at a time, awaited on the loop (a replica actor's is an actor call):
+        # a wedged replica leaves one pending future here, never a blocked thread or event loop
 
     async def run(self) -> None:
         try:
@@ -118,7 +115,9 @@ class ProgressWatchdog:
                 if stalled_s >= self.timeout_s:
                     raise EngineStalled(self.describe(stalled_s, requests))
         finally:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            for asked in self._asked:
+                if asked is not None:
+                    asked[1].cancel()
 
     def _progress(self) -> dict[str, int]:
         counters = self.rollouter.counters
@@ -127,10 +126,9 @@ class ProgressWatchdog:
         return out
 
     def _ask_stats(self) -> None:
-        loop = asyncio.get_running_loop()
         for i, engine in enumerate(self.rollouter.engines):
             if self._asked[i] is None:
-                self._asked[i] = (time.monotonic(), loop.run_in_executor(self._pool, engine.stats))
+                self._asked[i] = (time.monotonic(), asyncio.ensure_future(engine.stats_async()))
 
     def _read_stats(self) -> None:
         for i, asked in enumerate(self._asked):

@@ -72,11 +72,14 @@ def full_weights(worker_group: Any, bucket_bytes: int = 256 << 20, dtype: Option
 
 # ---------------------------------------------------------------------------------------- engines
 def _fetch(refs: Sequence[Any]) -> Iterator[Any]:
-    """Fetch weight buckets one at a time (peak extra memory: one bucket)."""
+    """Fetch weight buckets one at a time (peak extra memory: one bucket), in the engine's loading thread
+    (through the ref's future: no blocking ray.get inside the replica's async actor)."""
     import ray
 
+    from verl_async.utils.waiting import resolve
+
     for ref in refs:
-        yield ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
+        yield resolve(ref) if isinstance(ref, ray.ObjectRef) else ref
 
 
 class EngineSide(EngineHalf):

@@ -106,7 +106,14 @@ class FSDPWorker(RankBase):
         self._offload_if_asked()
         n_params = sum(p.numel() for p in self.model.parameters())
         return {"rank": self.rank, "params": int(n_params), "attn_implementation": self.attn_implementation,
-                "device": str(self.device.torch_device), "memory": self.memory_report()}
+                "device": str(self.device.torch_device), "device_name": self._device_name(),
+                "memory": self.memory_report()}
+
+    def _device_name(self) -> str:
+        """The accelerator's name (its promised FLOP/s for perf/mfu/actor: utils/flops.py); the kind elsewhere."""
+        if self.settings.device == "cuda":
+            return torch.cuda.get_device_name(self.device.torch_device)
+        return self.settings.device
 
     def _mp_policy(self):
         from torch.distributed.fsdp import MixedPrecisionPolicy

@@ -17,6 +17,7 @@ forward passes). The loss itself is `trainer/loss.py`, run on the ranks.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Optional, Protocol
 
@@ -137,6 +138,9 @@ def step_advantages(
                                               kl_coef=kl_coef, kind=algo.kl_penalty)
         metrics["critic/kl_in_reward"] = mean_kl
         metrics["critic/kl_in_reward_coef"] = kl_coef
+        shaped = token_rewards.sum(-1)
+        metrics.update({"critic/rewards/mean": float(shaped.mean()), "critic/rewards/max": float(shaped.max()),
+                        "critic/rewards/min": float(shaped.min())})
         next_coef = next_kl_coef(algo.kl_ctrl_type, kl_coef, mean_kl, target_kl=algo.target_kl,
                                  horizon=algo.kl_horizon, n_steps=int(mask.shape[0]))
         if algo.adv_estimator == "reinforce_plus_plus":  # token-level returns of the shaped rewards
@@ -147,6 +151,7 @@ def step_advantages(
     valid = mask.bool()
     metrics["critic/advantages/mean"] = float(advantages[valid].mean()) if valid.any() else 0.0
     metrics["critic/advantages/max"] = float(advantages[valid].max()) if valid.any() else 0.0
+    metrics["critic/advantages/min"] = float(advantages[valid].min()) if valid.any() else 0.0
     return advantages, metrics, next_coef
 
 
@@ -205,6 +210,7 @@ def prepare_batch(
     mask = batch["response_mask"]
     metrics: dict[str, float] = {}
     rollout = batch["rollout_log_probs"]
+    t0 = time.perf_counter()
     if algo.recompute_old_log_probs:
         with logprob_span():
             # entropy comes with the same forward (verl logs it from here too)
@@ -217,13 +223,19 @@ def prepare_batch(
     else:
         old = rollout.clone()
     batch["old_log_probs"] = old
+    t1 = time.perf_counter()
     ref = None
     if algo.use_reference:
         ref = group.compute_ref_log_prob(batch)
         batch["ref_log_prob"] = ref
         metrics["actor/ref_kl_of_old"] = _masked_mean(kl_penalty(old, ref, "kl"), mask)
+    t2 = time.perf_counter()
     advantages, adv_metrics, next_coef = step_advantages(algo, batch["scores"], batch["group_index"], mask, old, ref,
                                                          kl_coef)
+    # verl's phase timings (old log-probs are 0 s in bypass mode: the rollout's are used)
+    metrics.update({"timing_s/old_log_prob": t1 - t0, "timing_s/adv": time.perf_counter() - t2})
+    if algo.use_reference:
+        metrics["timing_s/ref"] = t2 - t1
     batch["advantages"] = advantages
     metrics.update(adv_metrics)
     metrics.update(nonzero_advantage_metrics(advantages, mask))

@@ -47,6 +47,10 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def _positive(path: str, value: Any, *, allow_zero: bool = False) -> int:
     if value is None or isinstance(value, bool) or int(value) != value or value < (0 if allow_zero else 1):
         raise ValueError(f"{path} must be a {'non-negative' if allow_zero else 'positive'} integer, got {value!r}")
@@ -281,7 +285,9 @@ class TrainerSettings:
             n_gpus_per_node=_positive("trainer.n_gpus_per_node", g("trainer.n_gpus_per_node", 1)),
             node_resource=g("trainer.node_resource", None) or None,
             seed=int(g("trainer.seed", 1)),
-            cpu_threads_per_worker=_positive("trainer.cpu_threads_per_worker", g("trainer.cpu_threads_per_worker", 1)),
+            # null: the pipeline fills in the ranks' share of the cores (config/derived.py cpu_threads); 1 without it
+            cpu_threads_per_worker=_positive("trainer.cpu_threads_per_worker",
+                                             _default(g("trainer.cpu_threads_per_worker", None), 1)),
             model_path=str(g(f"{m}.path")),
             trust_remote_code=bool(g(f"{m}.trust_remote_code", False)),
             override_config=dict(g(f"{m}.override_config", {}) or {}),

@@ -88,6 +88,11 @@ def batch_metrics(groups: Sequence[RolloutSample], version: int, max_response_le
         "critic/score/mean": _mean(rewards),
         "critic/score/max": float(max(rewards)) if rewards else 0.0,
         "critic/score/min": float(min(rewards)) if rewards else 0.0,
+        # verl's rewards: the score as trained (trainer/prepare.py replaces them with the KL-shaped ones when
+        # algorithm.use_kl_in_reward subtracts the KL)
+        "critic/rewards/mean": _mean(rewards),
+        "critic/rewards/max": float(max(rewards)) if rewards else 0.0,
+        "critic/rewards/min": float(min(rewards)) if rewards else 0.0,
         "response_length/mean": _mean(lengths),
         "response_length/max": float(max(lengths)) if lengths else 0.0,
         "response_length/min": float(min(lengths)) if lengths else 0.0,
@@ -115,6 +120,7 @@ class Trainer:
         pad_token_id: int,
         worker_group: Any = None,
         group_source: Optional[Callable[[int], Optional[list[RolloutSample]]]] = None,
+        console_sink: Optional[Callable[[str], None]] = None,
     ) -> None:
         self.cfg = cfg
         self.call_timeout_s = float(cfg.trainer.get("worker_timeout_s", WORKER_TIMEOUT_S))
@@ -141,11 +147,14 @@ class Trainer:
             cfg.trainer.logger, os.path.join(run_dir, "tensorboard"),
             project=str(cfg.trainer.project_name), experiment=str(cfg.trainer.experiment_name),
             config=OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else None,
-            console_keys=CONSOLE_KEYS, file_path=os.path.join(run_dir, "metrics.jsonl"),
+            console_keys=CONSOLE_KEYS, file_path=os.path.join(run_dir, "metrics.jsonl"), console_sink=console_sink,
         )
         self.version = 0
         self.step = 0
         self.start_step = 0  # the step restore() resumed at: this process trains steps start_step+1 ...
+        # the trainer step at which each weight version was made: the x of its validation (metrics go by step)
+        self._version_step: dict[int, int] = {0: 0}
+        self._wait_this_step = 0.0  # seconds the last _next_groups waited (verl's timing_s/gen)
         self.resumed_from: Optional[str] = None
         self.dropped_stale = 0
         self.trained_tokens = 0
@@ -191,6 +200,8 @@ class Trainer:
         extra = self.wg.load(path)
         self.version, self.step = int(extra["version"]), int(extra["step"])
         self.resumed_from, self.start_step = path, self.step
+        self._version_step = {self.version: self.step}
+        self.tracker.resume(self.step)  # what the abandoned process logged after this step goes (docs/log_formats.md)
         if str(self.cfg.algorithm.kl_ctrl.type) == "adaptive":  # fixed: the configured value, even if changed
             self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
         queued = extra.get("queue", [])
@@ -326,11 +337,12 @@ class Trainer:
     def _log_validation(self, metrics: dict[str, Any], version: int) -> dict[str, float]:
         """`val/*` of `version`, logged at that version's step (however late it finished)."""
         generations = metrics.pop(VAL_GENERATIONS_KEY, None)  # trainer.log_val_generations: not a metric
+        step = self._version_step.get(version, self.step)
         if metrics:
             self.val_history.append({"version": version, **metrics})
-            self.tracker.log(metrics, step=version)
+            self.tracker.log(metrics, step=step)
         if generations:
-            self.tracker.log_generations(generations, step=version)
+            self.tracker.log_generations(generations, step=step)
         return metrics
 
     def _validation_failed(self, error: str, version: Optional[int] = None) -> dict[str, float]:
@@ -355,7 +367,8 @@ class Trainer:
         at_end = 0.0 if self.test_freq <= 0 else validation * (2 if self.val_async else 1)  # + one still running
         return {"validation_s": validation, "finish_s": finish_timeout_s(self.cfg, at_end)}
 
-    def save_checkpoint(self) -> float:
+    def save_checkpoint(self, finished: bool = False) -> float:
+        """Weights, queue, cursor and the run's facts; `finished`: the run ended here (a re-run exits at once)."""
         t0 = time.perf_counter()
         # The Rollouter's pending prompts first, then the queue: a group put between the two calls
         # is then in both (load_state_dict skips pending uids found in the queue), never in neither.
@@ -369,7 +382,7 @@ class Trainer:
             "rollouter": rollouter_state,
         }
         prompts = (rollouter_state or {}).get("iterator", {}).get("num_items")
-        info = run_facts(self.cfg, self.step, self.version, prompts)  # what a resume is checked against
+        info = run_facts(self.cfg, self.step, self.version, prompts, finished=finished)  # what a resume checks
         self.wg.save_checkpoint(str(self.cfg.trainer.default_local_dir), extra, step=self.version, info=info)
         return time.perf_counter() - t0
 
@@ -394,7 +407,8 @@ class Trainer:
                     raise
             return []
         finally:
-            self.wait_s += time.monotonic() - t0
+            self._wait_this_step = time.monotonic() - t0
+            self.wait_s += self._wait_this_step
             self.timeline.record("trainer/driver", "wait", start, self.timeline.now(), self.version)
 
     def _wait_off_policy(self) -> None:
@@ -443,13 +457,18 @@ class Trainer:
             metrics = self.train_step(groups)
             self.step += 1
             if self.step % self.trigger == 0:
-                self.version += 1
+                self._next_version()
                 metrics.update(self.push_weights())
             metrics.update(self._pipeline_metrics())
+            metrics["training/global_step"] = float(self.step)
             self.last = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-            self.tracker.log(metrics, step=self.version)
+            self.tracker.log(metrics, step=self.step)  # x = trainer step (verl's), fully_async/param_version beside it
             self.collect_validations()
         return self.summary()
+
+    def _next_version(self) -> None:
+        self.version += 1
+        self._version_step[self.version] = self.step
 
     def _end_at_cap(self) -> None:
         """`trainer.total_training_steps` reached: checkpoint while the Rollouter still runs, then stop it.
@@ -459,10 +478,10 @@ class Trainer:
         them, exactly once. Stopping first would cancel them before they were recorded.
         """
         if self.wg is not None and self.step % self.trigger != 0:  # the last updates are not on the engines yet
-            self.version += 1
+            self._next_version()
             self.push_weights(with_hooks=False)
         if self.save_freq > 0 and self.step > self.start_step:
-            self.save_checkpoint()
+            self.save_checkpoint(finished=True)
         self._ended_at_cap = True
         if self.rollouter is not None:
             self._call(self.rollouter.stop.remote(), "the Rollouter's stop")
@@ -474,10 +493,10 @@ class Trainer:
         if self.wg is None:
             return {}
         if self.step % self.trigger != 0 and not self._ended_at_cap:  # the last updates are not on the engines yet
-            self.version += 1
+            self._next_version()
             self.push_weights(with_hooks=False)
         if self.save_freq > 0 and self.step > 0 and not self._ended_at_cap:
-            self.save_checkpoint()
+            self.save_checkpoint(finished=not self._stop.is_set())  # the data ended: a re-run has nothing to train
         if self.test_freq <= 0:
             return {}
         last = self.val_history[-1] if self.val_history else None
@@ -555,8 +574,26 @@ class Trainer:
         metrics["timing_s/update_actor"] = t2 - t1
         metrics["timing_s/step"] = time.perf_counter() - t0
         metrics["perf/step_tokens_per_s"] = mask_tokens / max(t2 - t0, 1e-9)
+        metrics.update(self._verl_perf(mask_tokens, metrics["timing_s/step"], t2 - t1))
         self.timeline.record("trainer/driver", "train", step_start, self.timeline.now(), self.version, tokens=mask_tokens)
         return metrics
+
+    def _verl_perf(self, tokens: int, step_s: float, update_s: float) -> dict[str, float]:
+        """verl's timing_s/gen (this step's wait for its groups) and perf/{total_num_tokens, time_per_step,
+        throughput (tokens / s / device), mfu/actor (utils/flops.py; accelerators it knows only)}."""
+        from verl_async.utils.flops import mfu, promised_flops
+
+        devices = max(1, len(getattr(self.wg, "workers", []) or [1]))
+        out = {"timing_s/gen": self._wait_this_step, "perf/total_num_tokens": float(tokens),
+               "perf/time_per_step": step_s + self._wait_this_step,
+               "perf/throughput": tokens / max((step_s + self._wait_this_step) * devices, 1e-9)}
+        info = (getattr(self.wg, "info", None) or [{}])[0]
+        if str(self.cfg.actor_rollout_ref.actor.strategy) != "megatron" and "params" in info:  # FSDP: the full count
+            value = mfu(int(info["params"]), tokens, update_s, devices, promised_flops(info.get("device_name")),
+                        epochs=int(self.cfg.actor_rollout_ref.actor.ppo_epochs))
+            if value is not None:
+                out["perf/mfu/actor"] = value
+        return out
 
     def _logprob_span(self):
         return self.timeline.span("trainer/driver", "logprob", self.version)
