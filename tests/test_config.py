@@ -368,6 +368,8 @@ def test_choice_lists_match_the_implementations():
     assert S.DEVICES == tuple(device.DEVICE_KINDS)
     assert S.ADV_ESTIMATORS == tuple(algos.ADVANTAGE_ESTIMATORS)
     assert S.LOSS_AGG_MODES == tuple(algos.LOSS_AGG_MODES)
+    assert S.POLICY_LOSS_MODES == tuple(importlib.import_module("verl_async.algos.policy_losses").POLICY_LOSSES)
+    assert S.VERL_CORRECTION_LOSSES == importlib.import_module("verl_async.algos.policy_losses").BYPASS_LOSS_TYPES
     assert set(S.KL_TYPES) == set(algos.KL_KINDS)
     assert S.CORRECTION_LEVELS == rollout_correction.LEVELS and S.CORRECTION_MODES == rollout_correction.MODES
     assert S.CORRECTION_VETO_RULES == rollout_correction.VETO_RULES

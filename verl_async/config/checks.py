@@ -135,6 +135,20 @@ def no_sequence_parallelism(cfg: DictConfig) -> None:
 
 # --------------------------------------------------------------------------- algorithm
 @check
+def policy_loss(cfg: DictConfig) -> None:
+    """The keys a `policy_loss.loss_mode` cannot run without (verl's asserts, as one line before start)."""
+    actor = cfg.actor_rollout_ref.actor
+    pl = actor.policy_loss
+    if pl.loss_mode == "dro" and pl.dro_beta is None:
+        raise ConfigError(f"{_A}.actor.policy_loss.dro_beta", "must be set (> 0) for policy_loss.loss_mode=dro")
+    if pl.loss_mode == "bypass_mode" and not cfg.async_training.use_rollout_log_probs:
+        raise ConfigError(f"{_A}.actor.policy_loss.loss_mode",
+                          "bypass_mode takes the rollout's log-probs as the old policy, but "
+                          "algorithm.rollout_correction.bypass_mode=false (async_training.use_rollout_log_probs=false) "
+                          "recomputes them; set bypass_mode=true or another loss_mode")
+
+
+@check
 def kl_control(cfg: DictConfig) -> None:
     """kl_ctrl steers the in-reward KL coefficient only (verl); the KL loss has its own fixed
     actor.kl_loss_coef. An adaptive controller with no in-reward KL would do nothing."""

@@ -27,6 +27,8 @@ from verl_async.config.schema_rules import (
     TOOL_CALL_FORMATS,
     TRUNCATE_SIDES,
     SANITY_CHECK_MODES,
+    VERL_CORRECTION_LOSSES,
+    VERL_IS_LEVELS,
     rule,
     schema,
 )
@@ -61,8 +63,27 @@ class ModelConfig:
 
 # --------------------------------------------------------------------------- actor
 @schema
+class BypassCorrectionConfig:
+    """verl 0.9's policy_loss.rollout_correction: the correction the bypass_mode loss computes per micro-batch."""
+
+    rollout_is: Optional[str] = rule(choices=VERL_IS_LEVELS)
+    rollout_is_threshold: Any  # a number (truncate) or "lower_upper" (IcePop)
+    rollout_is_batch_normalize: bool
+    rollout_rs: Optional[str]  # verl's rejection options, comma-separated (checked by config/verl09.py)
+    rollout_rs_threshold: Any
+    loss_type: str = rule(choices=VERL_CORRECTION_LOSSES)
+
+
+@schema
 class PolicyLossConfig:
     loss_mode: str = rule(choices=POLICY_LOSS_MODES)
+    clip_cov_ratio: float = rule(gt=0)
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_ratio: float = rule(gt=0)
+    ppo_kl_coef: float
+    dro_beta: Optional[float] = rule(gt=0)
+    rollout_correction: BypassCorrectionConfig
 
 
 @schema
@@ -190,6 +211,8 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = rule(ge=0)
     clip_ratio_high: Optional[float] = rule(ge=0)
     clip_ratio_c: float = rule(gt=1)
+    tau_pos: float = rule(gt=0)  # sapo
+    tau_neg: float = rule(gt=0)
     loss_agg_mode: str = rule(choices=LOSS_AGG_MODES)
     entropy_coeff: float
     use_kl_loss: bool

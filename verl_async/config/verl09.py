@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from verl_async.config.compat import warn_once
 from verl_async.config.errors import ConfigError
@@ -92,7 +92,11 @@ def map_verl09(cfg: DictConfig) -> None:
     _fsdp_strategy(cfg)
     rc = cfg.algorithm.rollout_correction
     actor = cfg.actor_rollout_ref.actor
-    ours = rollout_correction_from_verl(rc, bypass=bool(cfg.async_training.use_rollout_log_probs))
+    bypass = bool(cfg.async_training.use_rollout_log_probs)
+    if bypass:
+        bypass_loss(cfg)
+        return
+    ours = rollout_correction_from_verl(rc)
     if ours is None:
         return
     if actor.rollout_correction.enable:
@@ -158,32 +162,28 @@ def parse_bounds(key: str, spec: Any) -> Tuple[Optional[float], float]:
     return None, _number(key, spec)
 
 
-def rollout_correction_from_verl(rc: Any, *, bypass: bool) -> Optional[Dict[str, Any]]:
+def rollout_correction_from_verl(rc: Any) -> Optional[Dict[str, Any]]:
     """verl 0.9's algorithm.rollout_correction as actor.rollout_correction values; None when it asks for none.
 
-    Both compare the recomputed old policy with the rollout's: r = pi_old / pi_rollout.
+    Decoupled mode (bypass=false; bypass mode is `bypass_loss`). Both compare the recomputed old
+    policy with the rollout's: r = pi_old / pi_rollout.
     IS (`rollout_is` token|sequence): a number is verl's TIS, w = min(r, u) (mode truncate);
     "lower_upper" is IcePop, verl zeroes the weight of tokens outside and verl_async drops
     them from the loss mask (mode mask: they also leave the token-mean denominator).
     Rejection (`rollout_rs`): verl's k1 statistic is -log r, kept within [log lower, log
     upper], i.e. 1/upper <= r <= 1/lower at the token, sequence-sum (product) or
-    sequence-mean (geometric) level: verl_async's rs bounds on r. k2/k3 statistics, several
-    options, rejection without IS weights, corrections in bypass mode and the reinforce loss
-    are not implemented: each is refused naming its key.
+    sequence-mean (geometric) level: verl_async's rs bounds on r. Here k2/k3 statistics, several
+    options and rejection without IS weights are not implemented: each is refused naming its key
+    (bypass mode takes all of verl's options).
     """
     if rc.loss_type != "ppo_clip":
-        raise ConfigError(f"{_RC}.loss_type", f"{rc.loss_type} is not implemented; verl_async trains with the PPO "
-                                               "clipped objective: use ppo_clip")
+        warn_once(f"{_RC}.loss_type", f"{_RC}.loss_type={rc.loss_type} has no effect with bypass_mode=false (as in "
+                                      "verl: it picks bypass mode's loss)")
     if rc.rollout_is is None and rc.rollout_rs is None:
         if rc.rollout_is_batch_normalize:
             warn_once(f"{_RC}.rollout_is_batch_normalize",
                       f"{_RC}.rollout_is_batch_normalize=true has no effect with rollout_is=null (as in verl)")
         return None
-    which = f"{_RC}.rollout_is" if rc.rollout_is is not None else f"{_RC}.rollout_rs"
-    if bypass:
-        raise ConfigError(which, "is not implemented with bypass_mode=true (the rollout's log-probs as the old "
-                                 f"policy: every weight would be 1); set {_RC}.bypass_mode=false to correct against "
-                                 "recomputed old log-probs")
     if rc.rollout_is is None:
         raise ConfigError(f"{_RC}.rollout_rs", "rejection without importance weights (rollout_is=null) is not "
                                                f"implemented; set {_RC}.rollout_is=token or sequence")
@@ -207,3 +207,74 @@ def _rejection(option: str, threshold: Any) -> Dict[str, Any]:
     lower = 1.0 / upper if lower is None else lower
     # -log r within [log lower, log upper]  <=>  r within [1/upper, 1/lower]
     return {"rs": True, "rs_level": RS_LEVELS[option], "rs_lower": 1.0 / upper, "rs_upper": 1.0 / lower}
+
+
+# --------------------------------------------------------------------------- bypass mode
+_PL = "actor_rollout_ref.actor.policy_loss"
+_BYPASS_KEYS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                "rollout_rs_threshold", "loss_type")
+
+
+def bypass_loss(cfg: DictConfig) -> None:
+    """verl's bypass mode (the rollout's log-probs are the old policy) with a correction: the bypass_mode loss.
+
+    verl's `apply_bypass_mode` copies algorithm.rollout_correction into actor.policy_loss.rollout_correction
+    and sets policy_loss.loss_mode=bypass_mode: per micro-batch, log r = log pi - log pi_rollout of the
+    policy being trained gives the `rollout_rs` rejection and the `rollout_is` weights (which reinforce
+    uses and ppo_clip only logs). verl 0.9.1 makes that switch on the driver after its workers were built,
+    so there it has no effect (verl-project/verl#4912, fix in #4930); verl_async does what verl documents.
+    Without rollout_is, rollout_rs and reinforce the loss is the plain one against the rollout's log-probs
+    (bypass_mode's ppo_clip is vanilla then), so any policy_loss.loss_mode runs unchanged.
+    """
+    rc = cfg.algorithm.rollout_correction
+    pl = cfg.actor_rollout_ref.actor.policy_loss
+    if rc.rollout_is is None and rc.rollout_rs is None and rc.loss_type == "ppo_clip":
+        if rc.rollout_is_batch_normalize:
+            warn_once(f"{_RC}.rollout_is_batch_normalize",
+                      f"{_RC}.rollout_is_batch_normalize=true has no effect with rollout_is=null (as in verl)")
+        _check_bypass_spec(pl)
+        return
+    which = next(k for k in ("rollout_is", "rollout_rs", "loss_type")
+                 if rc[k] is not None and (k != "loss_type" or rc[k] != "ppo_clip"))
+    if pl.loss_mode not in ("vanilla", "bypass_mode"):
+        raise ConfigError(f"{_PL}.loss_mode", f"{pl.loss_mode}: {_RC}.{which} with bypass_mode=true trains with "
+                                              "verl's bypass_mode loss (PPO clip or REINFORCE against the rollout "
+                                              "policy); use loss_mode=vanilla, or bypass_mode=false to keep "
+                                              f"{pl.loss_mode}")
+    default = OmegaConf.create({"rollout_is": None, "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": False,
+                                "rollout_rs": None, "rollout_rs_threshold": None, "loss_type": "ppo_clip"})
+    for key in _BYPASS_KEYS:
+        ours = pl.rollout_correction[key]
+        if ours != default[key] and ours != rc[key]:
+            raise ConfigError(f"{_RC}.{key}", f"{rc[key]!r} conflicts with {_PL}.rollout_correction.{key}={ours!r}; "
+                                              "set only one")
+        pl.rollout_correction[key] = rc[key]
+    pl.loss_mode = "bypass_mode"
+    _check_bypass_spec(pl)
+
+
+def _check_bypass_spec(pl: DictConfig) -> None:
+    """The bypass_mode loss's correction, checked here so a bad spec fails before anything starts."""
+    if pl.loss_mode != "bypass_mode":
+        return
+    bc = pl.rollout_correction
+    key = f"{_PL}.rollout_correction"
+    if bc.rollout_is_batch_normalize and bc.rollout_is is not None and bc.loss_type == "reinforce":
+        raise ConfigError(f"{key}.rollout_is_batch_normalize",
+                          "true with loss_type=reinforce in bypass mode is not implemented (verl normalises each "
+                          "micro-batch's weights over all ranks inside the loss); set it to false")
+    # verl_async.algos imports torch: only when a bypass_mode loss is asked for
+    from verl_async.algos.rollout_rejection import parse_is_threshold, parse_rejection
+
+    try:
+        if bc.rollout_rs is not None:
+            parse_rejection(bc.rollout_rs, _plain(bc.rollout_rs_threshold))
+        if bc.rollout_is is not None:
+            parse_is_threshold(_plain(bc.rollout_is_threshold))
+    except ValueError as exc:
+        name, _, why = str(exc).partition(": ")
+        raise ConfigError(f"{key}.{name.split()[0]}", why or str(exc)) from None
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
