@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 import pytest
 import torch
@@ -10,7 +12,8 @@ from omegaconf import OmegaConf
 
 from verl_async.algos.rollout_correction import rollout_correction
 from verl_async.config import ConfigError, compose, reset_compat_warnings, validate
-from verl_async.config.compat import ALIASES
+from verl_async.config.cli import REPO_ROOT
+from verl_async.config.compat import ALIASES, unset
 from verl_async.config.verl09 import parse_bounds, rollout_correction_from_verl
 
 FSDP, MEGATRON = "fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer"
@@ -64,7 +67,7 @@ def test_alias_defaults_match_the_yaml():
         cfg = OmegaConf.create(OmegaConf.to_container(compose(name), resolve=True))  # before validation fills "auto"
         for alias in ALIASES:
             src, dst = OmegaConf.select(cfg, alias.src), OmegaConf.select(cfg, alias.dst)
-            assert src is None or OmegaConf.to_container(src) == {}, alias
+            assert src is None or unset(OmegaConf.to_container(src)), alias
             assert (OmegaConf.to_container(dst) if OmegaConf.is_config(dst) else dst) == alias.dst_default, alias
 
 
@@ -288,3 +291,53 @@ def test_preflight_refuses_a_vision_language_model(tmp_path):
                               "vision_config); VLM training is not implemented in verl_async: use a text-only model")
     (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
     check_model_folder(cfg)
+
+
+# --------------------------------------------------------------------------- Ray, Megatron and rollout keys of verl 0.9
+def test_ray_runtime_env_is_merged_as_verl_merges_it(tmp_path):
+    """ray_kwargs.ray_init.runtime_env onto verl_async's env_vars: the run's keys win, PYTHONPATH is appended."""
+    from verl_async.pipeline import ray_runtime_env
+
+    cfg = check(["+ray_kwargs.ray_init.runtime_env.env_vars.NCCL_DEBUG=INFO",
+                 "+ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM=yes",
+                 "+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH=/extra",
+                 f"+ray_kwargs.ray_init.runtime_env.working_dir={tmp_path}"])
+    env = ray_runtime_env(cfg)
+    assert env["working_dir"] == str(tmp_path) and "py_executable" not in env  # null: Ray's default
+    assert env["env_vars"]["NCCL_DEBUG"] == "INFO" and env["env_vars"]["TOKENIZERS_PARALLELISM"] == "yes"
+    assert env["env_vars"]["PYTHONPATH"].endswith(os.pathsep + "/extra")
+    assert env["env_vars"]["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)  # workers still import verl_async
+    assert ray_runtime_env(check([]))["env_vars"]["TOKENIZERS_PARALLELISM"] == "false"
+    # verl's examples set the interpreter of every worker; a command that is not there is refused
+    assert check(["ray_kwargs.ray_init.runtime_env.py_executable=null"]).ray_init.runtime_env.py_executable is None
+    assert ray_runtime_env(check([f"ray_kwargs.ray_init.runtime_env.py_executable={sys.executable}"]))[
+        "py_executable"] == sys.executable
+    assert refused(["ray_kwargs.ray_init.runtime_env.py_executable='uvx-nope -v run --frozen'"]) == (
+        "ray_kwargs.ray_init.runtime_env.py_executable: 'uvx-nope -v run --frozen': uvx-nope is not an executable on "
+        "PATH (Ray starts every worker with it); set it to null for this Python")
+
+
+def test_verl09_megatron_and_rollout_keys_are_accepted(caplog):
+    reset_compat_warnings()
+    with caplog.at_level(logging.WARNING, logger="verl_async.config"):
+        cfg = check(["actor_rollout_ref.actor.megatron.use_remove_padding=False",
+                     "actor_rollout_ref.actor.megatron.vanilla_mbridge=True",
+                     "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+                     "+actor_rollout_ref.model.mtp.enable=False", "+actor_rollout_ref.model.mtp.method=mtp"], MEGATRON)
+    assert cfg.actor_rollout_ref.ref.megatron.vanilla_mbridge is True and "mtp" not in cfg.actor_rollout_ref.model
+    assert sorted(r.getMessage().split("=")[0] for r in caplog.records) == [
+        "actor_rollout_ref.actor.megatron.use_remove_padding", "actor_rollout_ref.actor.megatron.vanilla_mbridge"]
+
+
+@pytest.mark.parametrize("overrides,name,line", [
+    (["+actor_rollout_ref.model.mtp.enable=True", "+actor_rollout_ref.model.mtp.speculative_num_steps=3"], FSDP,
+     "actor_rollout_ref.model.mtp.enable: True: multi-token prediction (MTP: an extra head trained and used for "
+     "speculative decoding) is not implemented in verl_async; set mtp.enable, enable_train and enable_rollout to "
+     "false"),
+    # a MoE script hears that first, before any key of it that is unknown here
+    (["actor_rollout_ref.actor.megatron.expert_model_parallel_size=8", "+actor_rollout_ref.actor.megatron.nope=1"],
+     MEGATRON, "actor_rollout_ref.actor.megatron.expert_model_parallel_size: 8: MoE expert parallelism is not "
+               "implemented (the Megatron trainer converts dense models); set it to 1"),
+])
+def test_verl09_features_refused_first_in_one_line(overrides, name, line):
+    assert refused(overrides, name) == line

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
+from verl_async.config.verl09 import EP_TRAIN
 from verl_async.models.names import BUILTIN_MODELS, is_gguf
 from verl_async.utils.tracking import logger_problem
 
@@ -113,9 +114,7 @@ def no_expert_parallelism(cfg: DictConfig) -> None:
         m = cfg.actor_rollout_ref[role].megatron
         for name, neutral in (("expert_model_parallel_size", (1,)), ("expert_tensor_parallel_size", (None, 1))):
             if m[name] not in neutral:
-                raise ConfigError(f"actor_rollout_ref.{role}.megatron.{name}",
-                                  f"{m[name]}: MoE expert parallelism is not implemented (the Megatron trainer "
-                                  "converts dense models); set it to 1")
+                raise ConfigError(f"actor_rollout_ref.{role}.megatron.{name}", f"{m[name]}: {EP_TRAIN}")
 
 
 @check
@@ -131,6 +130,24 @@ def no_sequence_parallelism(cfg: DictConfig) -> None:
                 + (" (Megatron: use actor_rollout_ref.actor.megatron.context_parallel_size)"
                    if cfg.actor_rollout_ref.actor.strategy == "megatron" else ""),
             )
+
+
+@check
+def ray_py_executable(cfg: DictConfig) -> None:
+    """verl's runtime_env.py_executable starts every Ray worker: a command that is not there would fail in each."""
+    command = (cfg.ray_init.runtime_env or {}).get("py_executable")
+    if command is None:
+        return
+    import shlex
+    import shutil
+
+    words = shlex.split(str(command))
+    if not words or shutil.which(os.path.expanduser(words[0])) is None:
+        verl_key = "ray_kwargs.ray_init.runtime_env.py_executable"
+        set_there = (cfg.ray_kwargs.ray_init.runtime_env or {}).get("py_executable") is not None
+        raise ConfigError(verl_key if set_there else "ray_init.runtime_env.py_executable",
+                          f"{command!r}: {words[0] if words else 'an empty command'} is not an executable on PATH "
+                          "(Ray starts every worker with it); set it to null for this Python")
 
 
 # --------------------------------------------------------------------------- algorithm

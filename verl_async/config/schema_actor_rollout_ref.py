@@ -181,6 +181,8 @@ class MegatronConfig:
     seed: int
     dtype: str = rule(choices=MEGATRON_DTYPES)
     use_mbridge: bool
+    vanilla_mbridge: bool  # verl 0.9: legacy mbridge instead of Megatron-Bridge (compatibility: we convert)
+    use_remove_padding: bool  # verl 0.9: THD-packed sequences in Megatron (compatibility: rows run right-padded)
     override_transformer_config: Dict[str, Any]
 
 
@@ -281,6 +283,7 @@ class RolloutCheckpointEngineConfig:
 class RolloutConfig:
     name: str = rule(choices=ROLLOUT_NAMES)
     mode: str
+    enable_sleep_mode: bool  # verl: let vLLM sleep between rollouts (compatibility: fully async engines never sleep)
     n: int = rule(ge=1)
     temperature: float = rule(ge=0)
     top_k: int = rule(ge=-1)

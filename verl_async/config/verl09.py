@@ -22,12 +22,17 @@ from verl_async.config.errors import ConfigError
 _VLM = "vision-language (multi-modal) training is not implemented in verl_async; train a text-only model"
 _LORA = "LoRA is not implemented in verl_async (full-parameter training only); remove it"
 _EP = "expert-parallel MoE generation is not implemented in verl_async (dense models); leave it at 1"
+# also checks.no_expert_parallelism's words (the ref's and expert-tensor sizes, after the merge)
+EP_TRAIN = "MoE expert parallelism is not implemented (the Megatron trainer converts dense models); set it to 1"
+_MTP = ("multi-token prediction (MTP: an extra head trained and used for speculative decoding) is not implemented "
+        "in verl_async; set mtp.enable, enable_train and enable_rollout to false")
 
 
 class Unimplemented(NamedTuple):
     key: str
     why: str
     neutral: Tuple[Any, ...] = ()  # values that ask for nothing: the key is dropped silently
+    ours: bool = False  # a key of verl_async's schema too (checked early, kept)
 
 
 UNIMPLEMENTED: Tuple[Unimplemented, ...] = (
@@ -36,6 +41,8 @@ UNIMPLEMENTED: Tuple[Unimplemented, ...] = (
     Unimplemented("actor_rollout_ref.actor.freeze_vision_tower", _VLM, (False,)),
     Unimplemented("actor_rollout_ref.rollout.limit_images", _VLM, (None,)),
     Unimplemented("actor_rollout_ref.rollout.expert_parallel_size", _EP, (1,)),
+    # before the merge: a MoE script is told so before any other key of it
+    Unimplemented("actor_rollout_ref.actor.megatron.expert_model_parallel_size", EP_TRAIN, (1,), ours=True),
     Unimplemented("actor_rollout_ref.model.lora.rank", _LORA, (0,)),
     Unimplemented("actor_rollout_ref.model.lora_adapter_path", _LORA, (None,)),
 )
@@ -71,8 +78,23 @@ def _drop(chain: List[dict], key: str) -> None:
         del chain[depth - 1][parts[depth - 1]]
 
 
+# verl nodes of a feature verl_async lacks: node -> (the switches that ask for it, why); switched off, the node goes
+UNIMPLEMENTED_NODES: Dict[str, Tuple[Tuple[str, ...], str]] = {
+    "actor_rollout_ref.model.mtp": (("enable", "enable_train", "enable_rollout"), _MTP),
+}
+
+
 def refuse_unimplemented(raw: Dict[str, Any]) -> None:
     """ConfigError for a verl key or value of a feature verl_async lacks; a neutral value is removed from `raw`."""
+    for node, (switches, why) in UNIMPLEMENTED_NODES.items():
+        chain = _chain(raw, node)
+        if chain is None:
+            continue
+        value = chain[-1][node.rsplit(".", 1)[-1]]
+        on = [k for k in switches if isinstance(value, dict) and value.get(k) not in (None, False)]
+        if on:
+            raise ConfigError(f"{node}.{on[0]}", f"{value[on[0]]!r}: {why}")
+        _drop(chain, node)
     for item in UNIMPLEMENTED:
         chain = _chain(raw, item.key)
         if chain is None:
@@ -80,7 +102,8 @@ def refuse_unimplemented(raw: Dict[str, Any]) -> None:
         value = chain[-1][item.key.rsplit(".", 1)[-1]]
         if value not in item.neutral:
             raise ConfigError(item.key, f"{value!r}: {item.why}")
-        _drop(chain, item.key)
+        if not item.ours:
+            _drop(chain, item.key)
     for (key, value), why in UNIMPLEMENTED_VALUES.items():
         chain = _chain(raw, key)
         if chain is not None and chain[-1][key.rsplit(".", 1)[-1]] == value:
