@@ -118,36 +118,33 @@ def no_expert_parallelism(cfg: DictConfig) -> None:
 
 
 @check
-def no_sequence_parallelism(cfg: DictConfig) -> None:
-    """The trainers have no Ulysses sequence parallelism: a size > 1 would only shrink the
-    data-parallel size (the batch arithmetic) while every rank still holds whole sequences."""
-    for role in ("actor", "ref"):
-        size = cfg.actor_rollout_ref[role].ulysses_sequence_parallel_size
-        if size != 1:
-            raise ConfigError(
-                f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
-                f"{size}: Ulysses sequence parallelism is not implemented (FSDP2 shards parameters only); set it to 1"
-                + (" (Megatron: use actor_rollout_ref.actor.megatron.context_parallel_size)"
-                   if cfg.actor_rollout_ref.actor.strategy == "megatron" else ""),
-            )
-
-
-@check
-def ray_py_executable(cfg: DictConfig) -> None:
-    """verl's runtime_env.py_executable starts every Ray worker: a command that is not there would fail in each."""
-    command = (cfg.ray_init.runtime_env or {}).get("py_executable")
-    if command is None:
+def sequence_parallelism(cfg: DictConfig) -> None:
+    """Ulysses sequence parallelism (FSDP2, trainer/ulysses.py): packed rows, a varlen attention kernel, one size
+    for the actor and the reference model. Megatron splits sequences with context parallelism instead."""
+    arr = cfg.actor_rollout_ref
+    size = arr.actor.ulysses_sequence_parallel_size
+    if arr.actor.strategy == "megatron":
+        for role in ("actor", "ref"):
+            if arr[role].ulysses_sequence_parallel_size != 1:
+                raise ConfigError(f"{_A}.{role}.ulysses_sequence_parallel_size",
+                                  f"{arr[role].ulysses_sequence_parallel_size}: Ulysses is the FSDP2 trainer's; "
+                                  f"Megatron splits sequences with {_A}.actor.megatron.context_parallel_size")
         return
-    import shlex
-    import shutil
-
-    words = shlex.split(str(command))
-    if not words or shutil.which(os.path.expanduser(words[0])) is None:
-        verl_key = "ray_kwargs.ray_init.runtime_env.py_executable"
-        set_there = (cfg.ray_kwargs.ray_init.runtime_env or {}).get("py_executable") is not None
-        raise ConfigError(verl_key if set_there else "ray_init.runtime_env.py_executable",
-                          f"{command!r}: {words[0] if words else 'an empty command'} is not an executable on PATH "
-                          "(Ray starts every worker with it); set it to null for this Python")
+    if arr.ref.ulysses_sequence_parallel_size != size:
+        raise ConfigError(f"{_A}.ref.ulysses_sequence_parallel_size",
+                          f"{arr.ref.ulysses_sequence_parallel_size}: the reference model runs on the actor's ranks "
+                          f"with its layout; set it to {size} (actor_rollout_ref.actor.ulysses_sequence_parallel_size)")
+    if size == 1:
+        return
+    key = f"{_A}.actor.ulysses_sequence_parallel_size"
+    if not arr.model.use_remove_padding:
+        raise ConfigError(key, f"{size} needs packed rows: set {_A}.model.use_remove_padding=true (as verl does)")
+    if arr.model.attn_implementation in ("sdpa", "eager"):
+        raise ConfigError(key, f"{size} needs a varlen attention kernel; {_A}.model.attn_implementation="
+                               f"{arr.model.attn_implementation} has none (use auto, varlen or flash_attention_2)")
+    if arr.rollout.get("true_on_policy"):
+        raise ConfigError(key, f"{size} cannot run with {_A}.rollout.true_on_policy (its attention kernel is the "
+                               "engine's, unsplit)")
 
 
 # --------------------------------------------------------------------------- algorithm

@@ -46,6 +46,8 @@ from verl_async.trainer.rank_results import METRIC_KEYS, LogProbRows, UpdateStat
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss
 from verl_async.trainer.lr_schedule import build_lr_scheduler
 from verl_async.trainer.settings import TrainerSettings
+from verl_async.trainer.ulysses import (ULYSSES, build_sp_group, gather_sequence, register_ulysses_attention,
+                                        sequence_parallel, slice_packed)
 from verl_async.utils import device as device_layer
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class FSDPWorker(RankBase):
         self.config = config
         self.settings = TrainerSettings.from_config(config)
         self.rank, self.world_size = rank, world_size
+        self.sp = None  # this rank's Ulysses group (trainer/ulysses.py), None without sequence parallelism
+        self.dp_rank = rank // self.settings.sp  # the data-parallel share it trains on (its sp group's)
         self.global_step = 0
         self.skipped_steps = 0
         self.model: Any = None
@@ -82,14 +86,17 @@ class FSDPWorker(RankBase):
         self._init_distributed(master_addr, master_port)
         from torch.distributed.device_mesh import init_device_mesh
 
-        # DP only for now; a ("dp", "cp") mesh slots in here when context parallelism arrives.
+        # FSDP2 shards over every rank; with Ulysses, groups of sp consecutive ranks split the sequence (as verl)
         self.mesh = init_device_mesh(s.device, (self.world_size,), mesh_dim_names=("dp",))
+        self.sp = build_sp_group(self.world_size, self.rank, s.sp)
         torch.manual_seed(s.seed)
         if s.true_on_policy_span is not None:
             problem = environment_problem(s.device)
             if problem is not None:
                 raise RuntimeError(problem)
         self.attn_implementation = resolve_attn_implementation(s.attn_implementation, s.device)
+        if self.sp is not None:  # all-to-all around the resolved kernel
+            self.attn_implementation = register_ulysses_attention(self.attn_implementation)
         self.model = self._build_model(train=True)
         self.pad_token_id = int(self.model.config.pad_token_id or 0)
         self.optimizer = torch.optim.AdamW(
@@ -105,7 +112,8 @@ class FSDPWorker(RankBase):
             self.ref_model = self._build_model(train=False)
         self._offload_if_asked()
         n_params = sum(p.numel() for p in self.model.parameters())
-        return {"rank": self.rank, "params": int(n_params), "attn_implementation": self.attn_implementation,
+        return {"rank": self.rank, "dp_rank": self.dp_rank, "params": int(n_params),
+                "attn_implementation": self.attn_implementation,
                 "device": str(self.device.torch_device), "memory": self.memory_report()}
 
     def _mp_policy(self):
@@ -173,6 +181,9 @@ class FSDPWorker(RankBase):
         """(logp [b,T], entropy [b,T] or None, anchor): anchor is a zero that touches the whole graph.
 
         `use_ref`: the reference model's forward (its log-probs follow `ref.use_torch_compile`)."""
+        compiled = self.settings.ref_use_torch_compile if use_ref else self.settings.use_torch_compile
+        if self.sp is not None and inp.num_rows:
+            return self._forward_sequence_parallel(model, inp, with_entropy=with_entropy, compiled=compiled)
         with self._range("inputs"):
             inp = inp.to(self.device.torch_device)
         with self._range("forward"):
@@ -180,7 +191,6 @@ class FSDPWorker(RankBase):
         logits = out.logits
         labels = inp.labels.to(logits.device)
         temperature = self.settings.temperature
-        compiled = self.settings.ref_use_torch_compile if use_ref else self.settings.use_torch_compile
         with self._range("logprob"):
             if self.settings.true_on_policy_span is not None:  # the engine's own kernel (fixed chunks)
                 if with_entropy:
@@ -196,13 +206,41 @@ class FSDPWorker(RankBase):
         ent = inp.scatter(raw_ent) if raw_ent is not None else None
         return logp, ent, anchor
 
+    def _forward_sequence_parallel(self, model, inp: ModelInputs, *, with_entropy: bool, compiled: bool
+                                   ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+        """`_forward` with Ulysses: this rank's slice of the packed row through the model, the log-probs (and
+        entropy) of every position gathered over the sp group, then read at the response positions as usual."""
+        dev = self.device.torch_device
+        cu = inp.varlen_kwargs["cu_seq_lens_q"]
+        piece = slice_packed(inp.input_ids, inp.position_ids, cu, int(inp.varlen_kwargs["max_length_q"]), self.sp,
+                             self.pad_token_id)
+        with self._range("forward"), sequence_parallel(self.sp):
+            out = model(input_ids=piece.input_ids.to(dev), position_ids=piece.position_ids.to(dev),
+                        attention_mask=None, use_cache=False,
+                        **{k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in piece.varlen_kwargs.items()})
+        labels = piece.labels.to(dev)
+        temperature = self.settings.temperature
+        with self._range("logprob"):
+            if with_entropy:
+                local_logp, local_ent = logprobs_and_entropy(out.logits, labels, temperature,
+                                                             use_torch_compile=compiled)
+            else:
+                local_logp = logprobs_from_logits(out.logits, labels, temperature, use_torch_compile=compiled)
+                local_ent = None
+            keep = inp.logits_index.to(dev)
+            raw_logp = gather_sequence(local_logp, self.sp)[:, keep]
+            raw_ent = gather_sequence(local_ent, self.sp)[:, keep] if local_ent is not None else None
+        anchor = torch.where(torch.isfinite(raw_logp), raw_logp, torch.zeros_like(raw_logp)).sum() * 0.0
+        inp = inp.to(dev)
+        return inp.scatter(raw_logp), (inp.scatter(raw_ent) if raw_ent is not None else None), anchor
+
     def _packed(self) -> bool:
         return self.settings.use_remove_padding
 
     def _inputs(self, batch: TensorDict, rows: Sequence[int]) -> ModelInputs:
         return build_model_inputs(batch, rows, packed=self._packed(), pad_token_id=self.pad_token_id,
                                   with_varlen_kwargs=self.attn_implementation in ("flash_attention_2", "varlen",
-                                                                                  ATTENTION_NAME))
+                                                                                  ATTENTION_NAME, ULYSSES))
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorDict, micro_batches: list[list[int]], *, use_ref: bool = False,
@@ -262,11 +300,11 @@ class FSDPWorker(RankBase):
             local = {k: 0.0 for k in METRIC_KEYS}
             bad = 0.0
             ratio_dev = 0.0  # first mini-batch: max |ratio - 1| (0.0 when old log-probs are this forward's)
-            micro = plan.micro[self.rank]
+            micro = plan.micro[self.dp_rank]
             for i, rows in enumerate(micro):
                 with self._range("inputs"):
                     inp = self._inputs(batch, rows)
-                stats.tokens += inp.num_tokens if rows else 0
+                stats.tokens += inp.num_tokens // self.settings.sp if rows else 0  # this rank's slice
                 logp, ent, anchor = self._forward(self.model, inp, with_entropy=want_entropy)
                 loss = anchor
                 if rows:
@@ -291,7 +329,8 @@ class FSDPWorker(RankBase):
                 with self._range("backward"):
                     (loss * self.world_size).backward()
             with self._range("metrics"):
-                reduced = self._all_reduce_sum([local[k] for k in METRIC_KEYS] + [bad])
+                # the ranks of an sp group hold the same shares: count each group once
+                reduced = self._all_reduce_sum([local[k] / self.settings.sp for k in METRIC_KEYS] + [bad])
                 if step_index == 0:
                     stats.first_ratio_dev = self._all_reduce_max(ratio_dev)
             step_metrics = dict(zip(METRIC_KEYS, reduced[:-1]))

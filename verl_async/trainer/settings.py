@@ -171,6 +171,8 @@ class TrainerSettings:
     param_offload: bool
     optimizer_offload: bool
     ref_param_offload: bool
+    # Ulysses sequence parallelism (trainer/ulysses.py): ranks per sequence-parallel group
+    ulysses_sequence_parallel_size: int
     # update
     rollout_n: int
     ppo_mini_batch_size: int  # groups (prompts) per optimizer step; x rollout_n responses
@@ -231,6 +233,14 @@ class TrainerSettings:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.n_gpus_per_node
+
+    @property
+    def sp(self) -> int:
+        return self.ulysses_sequence_parallel_size
+
+    def group_tokens(self, budget: Optional[int]) -> Optional[int]:
+        """A per-device token budget as the budget of one micro-batch: a sequence-parallel group holds sp x it (verl)."""
+        return None if budget is None else budget * self.sp
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "TrainerSettings":
@@ -305,6 +315,8 @@ class TrainerSettings:
             param_offload=bool(g(f"{a}.fsdp_config.param_offload", False)),
             optimizer_offload=bool(g(f"{a}.fsdp_config.optimizer_offload", False)),
             ref_param_offload=bool(g(f"{ref}.fsdp_config.param_offload", True)),
+            ulysses_sequence_parallel_size=_positive(f"{a}.ulysses_sequence_parallel_size",
+                                                     g(f"{a}.ulysses_sequence_parallel_size", 1)),
             rollout_n=_positive(f"{r}.n", g(f"{r}.n", 1)),
             ppo_mini_batch_size=_positive(f"{a}.ppo_mini_batch_size", g(f"{a}.ppo_mini_batch_size")),
             ppo_micro_batch_size_per_gpu=_positive(f"{a}.ppo_micro_batch_size_per_gpu",
@@ -371,6 +383,16 @@ class TrainerSettings:
             )
         if self.use_kl_loss and not self.need_ref:
             raise AssertionError("unreachable: use_kl_loss implies a reference model")
+        if self.sp > 1:
+            if self.world_size % self.sp:
+                raise ValueError(f"{a}.ulysses_sequence_parallel_size={self.sp} does not divide the trainer's "
+                                 f"{self.world_size} ranks")
+            if not self.use_remove_padding:
+                raise ValueError(f"{a}.ulysses_sequence_parallel_size={self.sp} needs packed rows: "
+                                 "actor_rollout_ref.model.use_remove_padding=true")
+            if self.true_on_policy_span is not None:
+                raise ValueError(f"{a}.ulysses_sequence_parallel_size={self.sp} cannot run with "
+                                 "actor_rollout_ref.rollout.true_on_policy (the engine's attention is not split)")
         if self.true_on_policy_span is not None and self.use_torch_compile:
             raise ValueError(f"{a}.use_torch_compile=true cannot run with actor_rollout_ref.rollout.true_on_policy "
                              f"(compiled log-prob kernels change the arithmetic); set it to false")
