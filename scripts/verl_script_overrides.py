@@ -4,8 +4,9 @@
         --commit SHA [--env VERL_USE_UV=0 ...] -o tests/fixtures/verl_scripts/X.yaml
 
 The script runs under bash with a stand-in `python`/`python3` that records its argv (and fails for
-`python -c ...`, so a script probing for torch_npu takes its GPU branch); HOME is the literal `~`, so
-paths under the home folder come out as `~/...`. The YAML holds the module it runs, the
+`python -c ...`, so a script probing for torch_npu takes its GPU branch; `ray job submit ... --`
+runs the command after `--`); HOME is the literal `~`, so paths under the home folder come out as
+`~/...`, and the folder it ran in as `./`. The YAML holds the module it runs, the
 `--config-name` it asks for and every override as the script passes it: the facts about verl's
 interface that tests/test_verl_scripts.py dry-runs (the scripts themselves stay verl's).
 """
@@ -51,7 +52,9 @@ def capture(script: Path, env: dict[str, str]) -> tuple[list[str], str | None]:
             failure = failure.replace(str(script), script.name)
         if not out.exists():
             raise SystemExit(f"{script.name} stopped before calling python: {failure}")
-        return out.read_text().split("\0")[:-1], failure
+        # the folder the script ran in ($PWD) is written as ./ (where a user would run it)
+        argv = [a.replace(f"{tmp}/", "./").replace(tmp, ".") for a in out.read_text().split("\0")[:-1]]
+        return argv, failure
 
 
 def describe(argv: list[str], *, source: str, commit: str, env: dict[str, str], failure: str | None = None) -> dict:

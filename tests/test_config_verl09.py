@@ -244,8 +244,9 @@ _VLM = "vision-language (multi-modal) training is not implemented in verl_async;
     (["+actor_rollout_ref.rollout.expert_parallel_size=8"], FSDP,
      "actor_rollout_ref.rollout.expert_parallel_size: 8: expert-parallel MoE generation is not implemented in "
      "verl_async (dense models); leave it at 1"),
-    (["+actor_rollout_ref.model.lora.rank=8"], FSDP, "actor_rollout_ref.model.lora.rank: 8: LoRA is not implemented "
-     "in verl_async (full-parameter training only); remove it"),
+    (["+actor_rollout_ref.model.lora.rank=8", "+actor_rollout_ref.model.lora.alpha=16"], FSDP,
+     "actor_rollout_ref.model.lora.rank: 8: verl's Megatron LoRA (model.lora.*) is not implemented in verl_async; LoRA "
+     "trains with the FSDP2 trainer: set actor_rollout_ref.model.lora_rank (and lora_alpha, target_modules) instead"),
     (["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", "trainer.n_gpus_per_node=2"], MEGATRON,
      "actor_rollout_ref.actor.megatron.expert_model_parallel_size: 2: MoE expert parallelism is not implemented (the "
      "Megatron trainer converts dense models); set it to 1"),
@@ -341,3 +342,27 @@ def test_verl09_megatron_and_rollout_keys_are_accepted(caplog):
 ])
 def test_verl09_features_refused_first_in_one_line(overrides, name, line):
     assert refused(overrides, name) == line
+
+
+# --------------------------------------------------------------------------- LoRA (verl's FSDP keys)
+def test_lora_keys_are_accepted_with_verls_meaning(tmp_path, caplog):
+    M = "actor_rollout_ref.model"
+    reset_compat_warnings()
+    with caplog.at_level(logging.WARNING, logger="verl_async.config"):
+        cfg = check([f"{M}.lora_rank=64", f"{M}.lora_alpha=32", f"{M}.target_modules=[q_proj,v_proj]",
+                     "actor_rollout_ref.rollout.layered_summon=True", "actor_rollout_ref.rollout.load_format=safetensors"])
+    assert (cfg[M.split(".")[0]].model.lora_rank, cfg.actor_rollout_ref.model.lora_alpha) == (64, 32.0)
+    assert list(cfg.actor_rollout_ref.model.target_modules) == ["q_proj", "v_proj"]
+    assert [r.getMessage().split("=")[0] for r in caplog.records] == ["actor_rollout_ref.rollout.layered_summon"]
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    assert refused([f"{M}.lora_rank=8", f"{M}.lora_adapter_path={adapter}"]) == (
+        f"{M}.lora_adapter_path: {adapter}: no adapter_config.json there (a peft adapter folder, e.g. a checkpoint's "
+        "actor/huggingface/lora_adapter)")
+    (adapter / "adapter_config.json").write_text("{}")
+    assert check([f"{M}.lora_rank=8", f"{M}.lora_adapter_path={adapter}"]).actor_rollout_ref.model.lora_adapter_path
+    assert refused([f"{M}.lora_adapter_path={adapter}"]) == (
+        f"{M}.lora_adapter_path: {adapter}: a LoRA adapter needs {M}.lora_rank > 0 (its rank)")
+    assert refused([f"{M}.lora_rank=8", "trainer.n_gpus_per_node=1"], MEGATRON) == (
+        f"{M}.lora_rank: 8: LoRA is not implemented in the Megatron trainer; use actor_rollout_ref.actor.strategy=fsdp2 "
+        "(the default config)")

@@ -88,8 +88,6 @@ def unsupported_features(cfg: DictConfig) -> None:
     reward_model = ("model-based reward models are not supported; rewards are rule-based (set it to false and score "
                     "with reward.custom_reward_function.path/name)")
     refusals = {
-        "actor_rollout_ref.model.lora_rank": (
-            cfg.actor_rollout_ref.model.lora_rank > 0, "LoRA is not supported by verl_async; set it to 0"),
         "reward_model.enable": (cfg.reward_model.enable, reward_model),
         "reward.reward_model.enable": (bool(cfg.reward.reward_model.get("enable")), reward_model),
         "reward.reward_manager.source": (
@@ -145,6 +143,46 @@ def sequence_parallelism(cfg: DictConfig) -> None:
     if arr.rollout.get("true_on_policy"):
         raise ConfigError(key, f"{size} cannot run with {_A}.rollout.true_on_policy (its attention kernel is the "
                                "engine's, unsplit)")
+
+
+@check
+def ray_py_executable(cfg: DictConfig) -> None:
+    """verl's runtime_env.py_executable starts every Ray worker: a command that is not there would fail in each."""
+    command = (cfg.ray_init.runtime_env or {}).get("py_executable")
+    if command is None:
+        return
+    import shlex
+    import shutil
+
+    words = shlex.split(str(command))
+    if not words or shutil.which(os.path.expanduser(words[0])) is None:
+        verl_key = "ray_kwargs.ray_init.runtime_env.py_executable"
+        set_there = (cfg.ray_kwargs.ray_init.runtime_env or {}).get("py_executable") is not None
+        raise ConfigError(verl_key if set_there else "ray_init.runtime_env.py_executable",
+                          f"{command!r}: {words[0] if words else 'an empty command'} is not an executable on PATH "
+                          "(Ray starts every worker with it); set it to null for this Python")
+
+
+@check
+def lora(cfg: DictConfig) -> None:
+    """LoRA (trainer/lora.py) trains with the FSDP2 trainer, on the model's own kernels."""
+    arr = cfg.actor_rollout_ref
+    key = f"{_A}.model.lora_rank"
+    if arr.model.lora_rank == 0:
+        if arr.model.lora_adapter_path is not None:
+            raise ConfigError(f"{_A}.model.lora_adapter_path", f"{arr.model.lora_adapter_path}: a LoRA adapter needs "
+                                                               f"{key} > 0 (its rank)")
+        return
+    if arr.actor.strategy == "megatron":
+        raise ConfigError(key, f"{arr.model.lora_rank}: LoRA is not implemented in the Megatron trainer; use "
+                               f"{_A}.actor.strategy=fsdp2 (the default config)")
+    if arr.rollout.get("true_on_policy"):
+        raise ConfigError(key, f"{arr.model.lora_rank}: cannot run with {_A}.rollout.true_on_policy (its batch-"
+                               "invariant kernels replace the linear layers LoRA adapts)")
+    path = arr.model.lora_adapter_path
+    if path is not None and not os.path.isfile(os.path.join(os.path.expanduser(path), "adapter_config.json")):
+        raise ConfigError(f"{_A}.model.lora_adapter_path", f"{path}: no adapter_config.json there (a peft adapter "
+                                                           "folder, e.g. a checkpoint's actor/huggingface/lora_adapter)")
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -338,15 +376,18 @@ def token_budget_problem(cfg: DictConfig, null_tokens: Optional[int] = None) -> 
         (f"{_A}.ref.log_prob_max_token_len_per_gpu", aref.ref.log_prob_max_token_len_per_gpu,
          aref.ref.log_prob_use_dynamic_bsz and derived.uses_reference_policy(cfg), "reference log-prob"),
     ]
+    # Ulysses: a micro-batch is split over sp ranks, so it holds sp x the per-device budget (verl's rule)
+    sp = 1 if aref.actor.strategy == "megatron" else aref.actor.ulysses_sequence_parallel_size
     for key, value, used, what in budgets:
         budget = null_tokens if value is None else value
-        if used and budget is not None and budget < longest:
+        if used and budget is not None and budget * sp < longest:
             said = f"{budget} tokens" if value is not None else f"null ({budget} tokens on CPU)"
+            said += f" x ulysses_sequence_parallel_size {sp}" if sp > 1 else ""
             return ConfigError(
                 key,
                 f"{said} per {what} micro-batch cannot hold one sequence of up to data.max_prompt_length + "
                 f"{response_key} = {data.max_prompt_length} + {response} = {longest} tokens (dynamic batch size packs "
-                f"whole sequences); raise it to at least {longest} or shorten those lengths",
+                f"whole sequences); raise it to at least {-(-longest // sp)} or shorten those lengths",
             )
     return None
 

@@ -44,9 +44,6 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.model.use_shm": Compat(False),
     "actor_rollout_ref.model.external_lib": Compat(None),
     "actor_rollout_ref.model.enable_activation_offload": Compat(False, _UNUSED_FSDP),
-    "actor_rollout_ref.model.lora_alpha": Compat(16, "LoRA is not supported"),
-    "actor_rollout_ref.model.target_modules": Compat("all-linear", "LoRA is not supported"),
-    "actor_rollout_ref.model.exclude_modules": Compat(None, "LoRA is not supported"),
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": Compat(
         -1, "the FSDP2 trainer shards parameters over all its ranks, without hybrid sharding; the numbers are the same"),
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch": Compat(False, _UNUSED_FSDP),
@@ -60,6 +57,8 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.ref.megatron.use_dist_checkpointing": Compat(False, "the model loads from actor_rollout_ref.model.path"),
     "actor_rollout_ref.ref.megatron.dist_checkpointing_path": Compat(None),
     "actor_rollout_ref.rollout.mode": Compat("async", "generation is always asynchronous"),
+    "actor_rollout_ref.rollout.layered_summon": Compat(
+        False, "the trainer's weights always leave one parameter at a time (LoRA layers merged as they come)"),
     "actor_rollout_ref.rollout.enable_sleep_mode": Compat(
         False, "fully async engines keep their devices: there is no training phase to free them for"),
     "actor_rollout_ref.rollout.calculate_log_probs": Compat(True, "rollout log-probs are always recorded"),

@@ -56,9 +56,10 @@ class ModelConfig:
     trust_remote_code: bool
     use_shm: bool
     lora_rank: int = rule(ge=0)
-    lora_alpha: float
+    lora_alpha: float = rule(gt=0)
     target_modules: Any  # "all-linear" or a list of module names
     exclude_modules: Any
+    lora_adapter_path: Optional[str]
 
 
 # --------------------------------------------------------------------------- actor
@@ -284,6 +285,7 @@ class RolloutConfig:
     name: str = rule(choices=ROLLOUT_NAMES)
     mode: str
     enable_sleep_mode: bool  # verl: let vLLM sleep between rollouts (compatibility: fully async engines never sleep)
+    layered_summon: bool  # verl: gather LoRA layers one by one for the sync (compatibility: always per parameter)
     n: int = rule(ge=1)
     temperature: float = rule(ge=0)
     top_k: int = rule(ge=-1)

@@ -5,7 +5,7 @@ as `algorithm.rollout_correction.{rollout_is, rollout_rs, ...}`; verl_async has 
 and its own `actor_rollout_ref.actor.rollout_correction`. validate() calls `map_verl09`
 after the schema merge (and after the aliases, which copy the `reward` group, bypass_mode
 and the checkpoint_engine keys). Keys that exist in verl only for features verl_async
-lacks (vision-language models, expert-parallel generation, LoRA adapters) are refused by
+lacks (vision-language models, expert-parallel generation, Megatron LoRA, MTP) are refused by
 `refuse_unimplemented` before the merge, in one line saying so, not as "unknown key".
 """
 
@@ -20,10 +20,13 @@ from verl_async.config.compat import warn_once
 from verl_async.config.errors import ConfigError
 
 _VLM = "vision-language (multi-modal) training is not implemented in verl_async; train a text-only model"
-_LORA = "LoRA is not implemented in verl_async (full-parameter training only); remove it"
+_LORA = ("verl's Megatron LoRA (model.lora.*) is not implemented in verl_async; LoRA trains with the FSDP2 "
+         "trainer: set actor_rollout_ref.model.lora_rank (and lora_alpha, target_modules) instead")
 _EP = "expert-parallel MoE generation is not implemented in verl_async (dense models); leave it at 1"
 # also checks.no_expert_parallelism's words (the ref's and expert-tensor sizes, after the merge)
 EP_TRAIN = "MoE expert parallelism is not implemented (the Megatron trainer converts dense models); set it to 1"
+_MFSDP = ("Megatron-FSDP is not implemented in verl_async (the Megatron trainer shards its optimizer with "
+          "use_distributed_optimizer); leave it false")
 _MTP = ("multi-token prediction (MTP: an extra head trained and used for speculative decoding) is not implemented "
         "in verl_async; set mtp.enable, enable_train and enable_rollout to false")
 
@@ -43,8 +46,8 @@ UNIMPLEMENTED: Tuple[Unimplemented, ...] = (
     Unimplemented("actor_rollout_ref.rollout.expert_parallel_size", _EP, (1,)),
     # before the merge: a MoE script is told so before any other key of it
     Unimplemented("actor_rollout_ref.actor.megatron.expert_model_parallel_size", EP_TRAIN, (1,), ours=True),
-    Unimplemented("actor_rollout_ref.model.lora.rank", _LORA, (0,)),
-    Unimplemented("actor_rollout_ref.model.lora_adapter_path", _LORA, (None,)),
+    Unimplemented("actor_rollout_ref.actor.megatron.use_megatron_fsdp", _MFSDP, (False,)),
+    Unimplemented("actor_rollout_ref.ref.megatron.use_megatron_fsdp", _MFSDP, (False,)),
 )
 
 
@@ -81,20 +84,12 @@ def _drop(chain: List[dict], key: str) -> None:
 # verl nodes of a feature verl_async lacks: node -> (the switches that ask for it, why); switched off, the node goes
 UNIMPLEMENTED_NODES: Dict[str, Tuple[Tuple[str, ...], str]] = {
     "actor_rollout_ref.model.mtp": (("enable", "enable_train", "enable_rollout"), _MTP),
+    "actor_rollout_ref.model.lora": (("rank",), _LORA),
 }
 
 
 def refuse_unimplemented(raw: Dict[str, Any]) -> None:
     """ConfigError for a verl key or value of a feature verl_async lacks; a neutral value is removed from `raw`."""
-    for node, (switches, why) in UNIMPLEMENTED_NODES.items():
-        chain = _chain(raw, node)
-        if chain is None:
-            continue
-        value = chain[-1][node.rsplit(".", 1)[-1]]
-        on = [k for k in switches if isinstance(value, dict) and value.get(k) not in (None, False)]
-        if on:
-            raise ConfigError(f"{node}.{on[0]}", f"{value[on[0]]!r}: {why}")
-        _drop(chain, node)
     for item in UNIMPLEMENTED:
         chain = _chain(raw, item.key)
         if chain is None:
@@ -108,6 +103,15 @@ def refuse_unimplemented(raw: Dict[str, Any]) -> None:
         chain = _chain(raw, key)
         if chain is not None and chain[-1][key.rsplit(".", 1)[-1]] == value:
             raise ConfigError(key, f"{value}: {why}")
+    for node, (switches, why) in UNIMPLEMENTED_NODES.items():
+        chain = _chain(raw, node)
+        if chain is None:
+            continue
+        value = chain[-1][node.rsplit(".", 1)[-1]]
+        on = [k for k in switches if isinstance(value, dict) and value.get(k) not in (None, False)]
+        if on:
+            raise ConfigError(f"{node}.{on[0]}", f"{value[on[0]]!r}: {why}")
+        _drop(chain, node)
 
 
 def map_verl09(cfg: DictConfig) -> None:

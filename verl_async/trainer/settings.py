@@ -20,6 +20,7 @@ from verl_async.algos.logprob import logprob_temperature
 from verl_async.algos.policy_losses import POLICY_LOSSES, loss_keys
 from verl_async.config.derived import rollout_max_model_len
 from verl_async.invariant import attention_span
+from verl_async.trainer.lora import LoraSettings
 from verl_async.trainer.token_budget import CPU_TOKENS
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -125,6 +126,20 @@ class RolloutCorrectionSettings:
         return d
 
 
+def lora_settings(cfg: Mapping[str, Any]) -> Optional[LoraSettings]:
+    """verl's `actor_rollout_ref.model.lora_rank` (> 0: LoRA) and the keys beside it; None for full training."""
+    m = "actor_rollout_ref.model"
+    rank = _positive(f"{m}.lora_rank", _get(cfg, f"{m}.lora_rank", 0) or 0, allow_zero=True)
+    if rank == 0:
+        return None
+    alpha = float(_get(cfg, f"{m}.lora_alpha", 16))
+    if not alpha > 0:
+        raise ValueError(f"{m}.lora_alpha must be > 0, got {alpha}")
+    return LoraSettings(rank=rank, alpha=alpha, target_modules=_get(cfg, f"{m}.target_modules", "all-linear"),
+                        exclude_modules=_get(cfg, f"{m}.exclude_modules", None),
+                        adapter_path=_get(cfg, f"{m}.lora_adapter_path", None))
+
+
 def policy_loss_params(cfg: Mapping[str, Any]) -> dict:
     """Every policy loss's own keys (a loss takes those it reads), from verl's places: actor.tau_*,
     actor.policy_loss.* and, for bypass_mode, actor.policy_loss.rollout_correction.* (the clip ratios are
@@ -173,6 +188,8 @@ class TrainerSettings:
     ref_param_offload: bool
     # Ulysses sequence parallelism (trainer/ulysses.py): ranks per sequence-parallel group
     ulysses_sequence_parallel_size: int
+    # LoRA (trainer/lora.py): None trains every parameter
+    lora: Optional[LoraSettings]
     # update
     rollout_n: int
     ppo_mini_batch_size: int  # groups (prompts) per optimizer step; x rollout_n responses
@@ -317,6 +334,7 @@ class TrainerSettings:
             ref_param_offload=bool(g(f"{ref}.fsdp_config.param_offload", True)),
             ulysses_sequence_parallel_size=_positive(f"{a}.ulysses_sequence_parallel_size",
                                                      g(f"{a}.ulysses_sequence_parallel_size", 1)),
+            lora=lora_settings(cfg),
             rollout_n=_positive(f"{r}.n", g(f"{r}.n", 1)),
             ppo_mini_batch_size=_positive(f"{a}.ppo_mini_batch_size", g(f"{a}.ppo_mini_batch_size")),
             ppo_micro_batch_size_per_gpu=_positive(f"{a}.ppo_micro_batch_size_per_gpu",
