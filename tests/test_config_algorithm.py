@@ -65,6 +65,19 @@ def test_ulysses_sequence_parallelism_keys():
                  f"{A}.ref.ulysses_sequence_parallel_size=2"])
     assert cfg[A].actor.ulysses_sequence_parallel_size == 2
     assert cfg[A].ref.ulysses_sequence_parallel_size == 2  # dp_actor.yaml's ref follows the actor by default
+    # a micro-batch holds sp x the per-device budget: 3000 tokens per device hold a 4096-token sequence with sp = 2
+    long = ["data.max_prompt_length=1024", "data.max_response_length=3072", f"{A}.actor.ppo_max_token_len_per_gpu=3000",
+            f"{A}.rollout.log_prob_max_token_len_per_gpu=3000", f"{A}.ref.log_prob_max_token_len_per_gpu=3000"]
+    from verl_async.config.checks import token_budget_problem
+
+    assert token_budget_problem(check(["trainer.n_gpus_per_node=2", f"{A}.actor.ulysses_sequence_parallel_size=2",
+                                       *long])) is None
+    with pytest.raises(ConfigError) as too_small:
+        check(long)
+    assert str(too_small.value) == (
+        f"{A}.actor.ppo_max_token_len_per_gpu: 3000 tokens per update micro-batch cannot hold one sequence of up to "
+        "data.max_prompt_length + data.max_response_length = 1024 + 3072 = 4096 tokens (dynamic batch size packs whole "
+        "sequences); raise it to at least 4096 or shorten those lengths")
     refusals = [
         ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], MEGATRON,
          f"{A}.actor.ulysses_sequence_parallel_size: 2: Ulysses is the FSDP2 trainer's; Megatron splits sequences "
