@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_train import QWEN25_05B, TINY, build_model_dir, compose, make_batch  # noqa: E402
+from bench_train import QWEN25_05B, TINY, build_model_dir, compose, make_batch, write_result  # noqa: E402
 
 
 def run(rank: int, model_dir: str, args, batches) -> dict:
@@ -113,13 +113,8 @@ def main(argv=None) -> int:
         print(f"{r['lora_rank']:>5} {r['trainable_params']:>12,} {r['mem_after_init_gb']:>8.2f} "
               f"{r['update_peak_mem_gb']:>8.2f} {r['update_s']:>7.2f} {r['sync_to_host_s']:>12.2f} "
               f"{r['sync_on_device_s']:>10.2f} {r['sync_bytes'] / 2**30:>8.2f}")
-    result = {"device": args.device, "model": model_dir, "args": vars(args), "torch": torch.__version__, "rows": rows}
-    if args.device == "cuda":
-        result["gpu"] = torch.cuda.get_device_name(0)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
+    write_result(args.out, {"device": args.device, "model": model_dir, "args": vars(args), "torch": torch.__version__,
+                            "rows": rows}, args.device)
     return 0
 
 

@@ -20,11 +20,9 @@ Before timing, the SP=2 log-probs of a small batch are compared with SP=1's (max
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 import traceback
 
 import torch
@@ -32,7 +30,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_train import QWEN25_05B, TINY, build_model_dir, compose, make_batch  # noqa: E402
+from bench_train import (QWEN25_05B, TINY, build_model_dir, compose, make_batch, timed_steps,  # noqa: E402
+                         write_result)
 
 
 def run(sp: int, budget: int, model_dir: str, args, batches, small) -> dict:
@@ -47,19 +46,7 @@ def run(sp: int, budget: int, model_dir: str, args, batches, small) -> dict:
     try:
         info = group.init()
         small_lp = group.compute_log_prob(small)
-        lp_time = step_time = 0.0
-        tokens, mem = 0, 0.0
-        for i, batch in enumerate(batches):
-            t = time.perf_counter()
-            batch["old_log_probs"] = group.compute_log_prob(batch)
-            t_lp = time.perf_counter() - t
-            t = time.perf_counter()
-            m = group.update(batch)
-            t_up = time.perf_counter() - t
-            if i >= args.warmup:
-                real = int(batch["attention_mask"].sum())
-                lp_time, step_time, tokens = lp_time + t_lp, step_time + t_up, tokens + real
-                mem = max(mem, m["perf/max_memory_allocated_gb"])
+        lp_time, _, step_time, tokens, mem = timed_steps(group, batches, args.warmup)
         steps = len(batches) - args.warmup
         return {"sp": sp, "budget_per_gpu": budget, "budget_per_micro_batch": budget * sp, "gpus": args.gpus,
                 "attn": info[0]["attn_implementation"], "train_tokens_per_s": tokens / step_time,
@@ -126,14 +113,8 @@ def main(argv=None) -> int:
         print(f"{r['sp']:>3} {r['budget_per_gpu']:>6} {r['budget_per_micro_batch']:>7} {r['train_tokens_per_s']:>9.0f} "
               f"{r['train_tokens_per_s_per_gpu']:>9.0f} {r['logprob_tokens_per_s_per_gpu']:>12.0f} {r['step_s']:>7.2f} "
               f"{r['peak_mem_gb']:>8.2f} {r.get('logprob_max_abs_diff_vs_sp1', 0.0):>9.2e}")
-    result = {"device": args.device, "tiny": args.tiny, "args": {k: v for k, v in vars(args).items()},
-              "torch": torch.__version__, "rows": rows}
-    if args.device == "cuda":
-        result["gpu"] = torch.cuda.get_device_name(0)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    print(f"wrote {args.out}")
+    write_result(args.out, {"device": args.device, "tiny": args.tiny, "args": vars(args), "torch": torch.__version__,
+                            "rows": rows}, args.device)
     return 0 if all("error" not in r for r in rows) else 1
 
 

@@ -281,7 +281,7 @@ def cispo(logp, old_logp, advantages, mask, *, clip_ratio_low=0.2, clip_ratio_hi
     return _finish(-clipped.detach() * adv * logp, valid, w, loss_agg_mode, norm, metrics)
 
 
-def _dppo(logp, old_logp, advantages, mask, trust, *, clip_ratio_c, loss_agg_mode, is_weights, norm):
+def _dppo(logp, old_logp, advantages, mask, trust, *, clip_ratio_c, loss_agg_mode, is_weights, **norm):
     logp, old, adv, valid, w = _inputs(logp, old_logp, advantages, mask, is_weights)
     nkl = torch.clamp(logp - old, -20.0, 20.0)
     ratio = torch.exp(nkl)
@@ -305,9 +305,9 @@ def dppo_tv(logp, old_logp, advantages, mask, *, clip_ratio_low=0.2, clip_ratio_
     def trust(p, p_old, _lp, _lo, adv):
         return torch.where(adv > 0, (p - p_old) <= clip_ratio_high, (p - p_old) >= -clip_ratio_low)
 
-    norm = dict(global_tokens=global_tokens, global_seqs=global_seqs, loss_scale_factor=loss_scale_factor)
     return _dppo(logp, old_logp, advantages, mask, trust, clip_ratio_c=clip_ratio_c, loss_agg_mode=loss_agg_mode,
-                 is_weights=is_weights, norm=norm)
+                 is_weights=is_weights, global_tokens=global_tokens, global_seqs=global_seqs,
+                 loss_scale_factor=loss_scale_factor)
 
 
 @register_policy_loss("dppo_kl")
@@ -322,9 +322,9 @@ def dppo_kl(logp, old_logp, advantages, mask, *, clip_ratio_low=0.2, clip_ratio_
         bkl = p_old * (lo - lp) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
         return torch.where(adv > 0, (bkl <= clip_ratio_high) | (p <= p_old), (bkl <= clip_ratio_low) | (p >= p_old))
 
-    norm = dict(global_tokens=global_tokens, global_seqs=global_seqs, loss_scale_factor=loss_scale_factor)
     return _dppo(logp, old_logp, advantages, mask, trust, clip_ratio_c=clip_ratio_c, loss_agg_mode=loss_agg_mode,
-                 is_weights=is_weights, norm=norm)
+                 is_weights=is_weights, global_tokens=global_tokens, global_seqs=global_seqs,
+                 loss_scale_factor=loss_scale_factor)
 
 
 @register_policy_loss("bypass_mode")
