@@ -81,7 +81,11 @@ def cli() -> None:
     TYPED_ARGV[:] = sys.argv[1:]
     if {"--help", "-h"} & set(TYPED_ARGV):
         print(usage(), flush=True)  # Hydra's help and the full config follow
-    sys.argv[1:] = hydra_argv(sys.argv[1:])
+    try:
+        sys.argv[1:] = hydra_argv(sys.argv[1:])
+    except ConfigError as err:  # verl's --config-name / model_engine= choices that name nothing here
+        print(f"config error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
     main()
 
 

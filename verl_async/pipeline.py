@@ -105,6 +105,34 @@ def ray_init(cfg: Any) -> bool:
     if ray.is_initialized():
         return False
     address, key = ray_address(cfg)
+    runtime_env = ray_runtime_env(cfg)
+    if address:
+        check_ray_address(cfg)
+        try:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        except (ConnectionError, RuntimeError, ValueError) as exc:  # the probe passed, ray.init did not
+            raise PipelineError(f"{key}={address}: ray.init failed: {' '.join(str(exc).split())}") from None
+        return True
+    num_cpus = cfg.ray_init.get("num_cpus")
+    pinned = {name: LOCAL_NODE_RESOURCE for name in node_resources(cfg)}
+    quiet_default_auth_notice()
+    ray.init(
+        num_cpus=None if num_cpus is None else int(num_cpus),
+        resources=pinned or None,
+        include_dashboard=False,
+        runtime_env=runtime_env,
+        log_to_driver=True,
+        logging_level=logging.WARNING,
+    )
+    return True
+
+
+def ray_runtime_env(cfg: Any) -> dict:
+    """What every Ray worker gets: verl_async's env_vars, merged with `ray_init.runtime_env` (verl's
+    `ray_kwargs.ray_init.runtime_env`) as verl merges it onto its defaults: the run's keys win, key by key.
+
+    One exception keeps the workers able to import verl_async: a PYTHONPATH of the run's is appended to ours,
+    not put in its place. Null values (verl's `py_executable: null`) mean Ray's default and are left out."""
     # Workers import verl_async from where this process did (a checkout run without `pip install -e` too).
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
@@ -125,25 +153,15 @@ def ray_init(cfg: Any) -> bool:
         from verl_async.invariant.shapes import PROCESS_ENV
 
         env.update(PROCESS_ENV)
-    if address:
-        check_ray_address(cfg)
-        try:
-            ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
-        except (ConnectionError, RuntimeError, ValueError) as exc:  # the probe passed, ray.init did not
-            raise PipelineError(f"{key}={address}: ray.init failed: {' '.join(str(exc).split())}") from None
-        return True
-    num_cpus = cfg.ray_init.get("num_cpus")
-    pinned = {name: LOCAL_NODE_RESOURCE for name in node_resources(cfg)}
-    quiet_default_auth_notice()
-    ray.init(
-        num_cpus=None if num_cpus is None else int(num_cpus),
-        resources=pinned or None,
-        include_dashboard=False,
-        runtime_env={"env_vars": env},
-        log_to_driver=True,
-        logging_level=logging.WARNING,
-    )
-    return True
+    ray_init_cfg = cfg.get("ray_init") or {}
+    extra = ray_init_cfg.get("runtime_env") or {}
+    if OmegaConf.is_config(extra):
+        extra = OmegaConf.to_container(extra, resolve=True)
+    extra = {k: v for k, v in dict(extra).items() if v is not None}
+    theirs = {str(k): str(v) for k, v in dict(extra.pop("env_vars", None) or {}).items()}
+    if "PYTHONPATH" in theirs:
+        theirs["PYTHONPATH"] = os.pathsep.join((env["PYTHONPATH"], theirs["PYTHONPATH"]))
+    return {**extra, "env_vars": {**env, **theirs}}
 
 
 class _DropDefaultAuthNotice(logging.Filter):

@@ -44,19 +44,23 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.model.use_shm": Compat(False),
     "actor_rollout_ref.model.external_lib": Compat(None),
     "actor_rollout_ref.model.enable_activation_offload": Compat(False, _UNUSED_FSDP),
-    "actor_rollout_ref.model.lora_alpha": Compat(16, "LoRA is not supported"),
-    "actor_rollout_ref.model.target_modules": Compat("all-linear", "LoRA is not supported"),
-    "actor_rollout_ref.model.exclude_modules": Compat(None, "LoRA is not supported"),
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": Compat(
         -1, "the FSDP2 trainer shards parameters over all its ranks, without hybrid sharding; the numbers are the same"),
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch": Compat(False, _UNUSED_FSDP),
     "actor_rollout_ref.actor.optim.override_optimizer_config": Compat({}, "only the Megatron trainer uses it", "megatron"),
     "actor_rollout_ref.actor.megatron.use_mbridge": Compat(False, "weights are converted by verl_async itself"),
+    "actor_rollout_ref.actor.megatron.vanilla_mbridge": Compat(False, "weights are converted by verl_async itself"),
+    "actor_rollout_ref.actor.megatron.use_remove_padding": Compat(
+        True, "the Megatron trainer runs right-padded rows (the loss and gradients are the same)"),
     "actor_rollout_ref.actor.megatron.use_dist_checkpointing": Compat(False, "the model loads from actor_rollout_ref.model.path"),
     "actor_rollout_ref.actor.megatron.dist_checkpointing_path": Compat(None),
     "actor_rollout_ref.ref.megatron.use_dist_checkpointing": Compat(False, "the model loads from actor_rollout_ref.model.path"),
     "actor_rollout_ref.ref.megatron.dist_checkpointing_path": Compat(None),
     "actor_rollout_ref.rollout.mode": Compat("async", "generation is always asynchronous"),
+    "actor_rollout_ref.rollout.layered_summon": Compat(
+        False, "the trainer's weights always leave one parameter at a time (LoRA layers merged as they come)"),
+    "actor_rollout_ref.rollout.enable_sleep_mode": Compat(
+        False, "fully async engines keep their devices: there is no training phase to free them for"),
     "actor_rollout_ref.rollout.calculate_log_probs": Compat(True, "rollout log-probs are always recorded"),
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": Compat(
         False, "the trained tokens are always the ones the model generated"),
@@ -78,7 +82,7 @@ COMPAT_KEYS: Dict[str, Compat] = {
 }
 
 class Alias(NamedTuple):
-    """A verl spelling whose value, when set (not null, not {}), is copied onto the key verl_async reads.
+    """A verl spelling whose value, when set (not null, not {}: see `unset`), is copied onto the key verl_async reads.
 
     `dst_default` is dst's YAML default: a dst holding anything else was set by the run too,
     and a different value there is a conflict (validate() names src).
@@ -94,6 +98,7 @@ _BUCKET = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_meg
 
 ALIASES: Tuple[Alias, ...] = (
     Alias("ray_kwargs.ray_init.num_cpus", "ray_init.num_cpus"),
+    Alias("ray_kwargs.ray_init.runtime_env", "ray_init.runtime_env", {"py_executable": None}),
     Alias("ray_kwargs.timeline_json_file", "ray_init.timeline_json_file"),
     # verl 0.9's `reward` group onto the older layout that verl_async.reward reads
     Alias("reward.num_workers", "reward_model.num_workers", 1),
@@ -112,6 +117,13 @@ ALIASES: Tuple[Alias, ...] = (
 
 _ABSENT = object()
 _warned: set = set()
+
+
+def unset(value: Any) -> bool:
+    """An alias source nobody set: null, {}, or a mapping of such (verl's `runtime_env: {py_executable: null}`)."""
+    if isinstance(value, dict):
+        return all(unset(v) for v in value.values())
+    return value is None
 
 
 def _changed(key: str, value: Any, default: Any) -> List[Tuple[str, Any]]:

@@ -102,6 +102,10 @@ def distillation_spec(cfg: DictConfig) -> Optional[DistillationSpec]:
     if loss.uses_topk:
         if loss.topk is None:
             raise ConfigError(f"{lk}.topk", "topk must be specified when use_topk is True.")
+        if cfg.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) > 1:
+            raise ConfigError(f"{lk}.loss_mode", "forward_kl_topk with Ulysses sequence parallelism is not implemented "
+                              "(the student's top-k would be gathered over the sp group); use "
+                              "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1 or a per-token loss_mode")
         if cfg.actor_rollout_ref.actor.strategy == "megatron":
             raise ConfigError(f"{lk}.loss_mode", "forward_kl_topk needs the student's logits, which the Megatron "
                                                  "trainer does not expose here; use the FSDP2 trainer or a KL estimator "

@@ -205,11 +205,13 @@ def check_cpu_token_budgets(cfg: DictConfig) -> None:
 def check_optional_packages(cfg: DictConfig) -> None:
     """vLLM / megatron-core, when the config asks for them, must be installed here (a cluster's workers run the
     same environment); without this the run failed 50-100 s later inside a Ray traceback."""
-    from verl_async.optional import MEGATRON, VLLM, is_installed
+    from verl_async.optional import MEGATRON, PEFT, VLLM, is_installed
 
     wanted = [("actor_rollout_ref.rollout.name", VLLM, "native (the built-in engine)",
                cfg.actor_rollout_ref.rollout.name == "vllm" and not cfg.debug.get("train_only")),
-              ("actor_rollout_ref.actor.strategy", MEGATRON, "fsdp2", cfg.actor_rollout_ref.actor.strategy == "megatron")]
+              ("actor_rollout_ref.actor.strategy", MEGATRON, "fsdp2", cfg.actor_rollout_ref.actor.strategy == "megatron"),
+              ("actor_rollout_ref.model.lora_rank", PEFT, "0 (full fine-tuning)",
+               cfg.actor_rollout_ref.model.lora_rank > 0 and not cfg.debug.get("rollout_only"))]
     for key, dependency, instead, needed in wanted:
         if needed and not is_installed(dependency):
             raise ConfigError(key, f"{OmegaConf.select(cfg, key)} needs {dependency.package}, which is not installed in "

@@ -279,11 +279,13 @@ class RayInitConfig:
     address: Optional[str]
     num_cpus: Optional[int] = rule(ge=1)
     timeline_json_file: Optional[str]
+    runtime_env: Dict[str, Any]  # merged onto verl_async's (pipeline.ray_runtime_env), as verl merges it
 
 
 @schema
 class RayKwargsInitConfig:
     num_cpus: Optional[int] = rule(ge=1)
+    runtime_env: Dict[str, Any]
 
 
 @schema
