@@ -42,7 +42,7 @@ import torch
 from verl_async.protocol import Response, RolloutSample
 from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
 from verl_async.rollout.group_filter import GroupFilter
-from verl_async.rollout.health import EngineFailure, ReplicaHealth
+from verl_async.rollout.health import EngineFailure, ReplicaHealth, ReplicaLost
 from verl_async.rollout.lengths_log import append_jsonl, lengths_record
 from verl_async.rollout.task import (  # noqa: F401 - the Rollouter's contract, importable from here too
     GroupScorer,
@@ -63,6 +63,8 @@ logger = logging.getLogger("verl_async.rollouter")
 
 class Rollouter:
     MAX_ENGINE_RETRIES = 2
+    # A sync's abort that a replica has not answered for this long, with a healer: the replica is hung and healed.
+    ABORT_GRACE_S = 30.0
 
     def __init__(
         self,
@@ -108,6 +110,9 @@ class Rollouter:
         self.counters = RolloutCounters()
         self.max_prompt_retries = max(0, int(max_prompt_retries))
         self.health = ReplicaHealth(len(self.engines), max_consecutive_engine_failures)
+        self.healer: Optional[Any] = None  # rollout/healing.ReplicaHealer (the service sets it); None: lost = out
+        self._replica_event = asyncio.Event()  # a replica came back or left for good
+        self.returned_requests = [0] * len(self.engines)  # per replica: requests that came back (the watchdog)
         self.failed_log = failed_log
         self.progress_timeout_s = progress_timeout_s  # None: no progress watchdog (tests that do not need it)
         self.group_filter = group_filter  # None: every scored group goes to the queue
@@ -345,6 +350,30 @@ class Rollouter:
                          "(rollout/failed_prompts)", item.uid, item.attempts + 1, self.last_engine_error)
         self._poke()
 
+    async def _pick(self, candidates: Optional[Sequence[int]], avoid: Collection[int]) -> int:
+        """`pick_engine`, waiting while no replica serves but one is restarting (rollout/healing.py)."""
+        while not self.health.serving(candidates) and self.health.healing and not self._failure:
+            self._replica_event.clear()
+            await self._replica_event.wait()
+        return self.pick_engine(candidates, avoid)
+
+    def replica_lost(self, index: int, why: str, *, kill: bool = False, engine: Any = None) -> None:
+        """Replica `index` is gone (`kill`: it still runs but is broken or hung): healed when a healer is set, else out
+        of rotation for good. `engine`: the proxy the loss was seen through (a stale one's report is ignored)."""
+        if self.healer is not None:
+            self.healer.lost(index, why, kill=kill, engine=engine)
+        elif (engine is None or self.engines[index] is engine) and index not in self.health.out:
+            self.health.retire(index, why)
+            self.counters.replicas_out_of_rotation = len(self.health.out)
+            self.replicas_changed()
+
+    def replicas_changed(self) -> None:
+        """A replica came back or left: requests waiting for one look again; with none left the run stops."""
+        self._replica_event.set()
+        if self.health.all_out:
+            self.fail(self.health.failure())
+        self._poke()
+
     def pick_engine(self, candidates: Optional[Sequence[int]] = None, avoid: Collection[int] = ()) -> int:
         """The least loaded replica (requests / capacity) in rotation among `candidates` (all by default).
 
@@ -407,7 +436,8 @@ class Rollouter:
         started = prefix.start_time if prefix else None
         while True:
             await self._open.wait()
-            idx = self.pick_engine(engines, avoid=failed_on)
+            idx = await self._pick(engines, failed_on)
+            engine = self.engines[idx]
             request = GenerateRequest(
                 request_id=f"{item.uid}/{i}/{self._request_serial()}",
                 prompt_ids=item.prompt_ids,
@@ -420,14 +450,22 @@ class Rollouter:
             self._request_started(idx, request.request_id)
             t0 = self.timeline.now()
             try:
-                result = await self.engines[idx].generate(request)
+                result = await engine.generate(request)
+            except ReplicaLost as lost:  # its tokens since `state` died with it: continue from `state` elsewhere
+                self.counters.lost_requests += 1
+                logger.warning("request %s lost with its replica (%s); it continues on another replica from its "
+                               "%d tokens", request.request_id, lost.reason, len(state.token_ids))
+                self.replica_lost(idx, lost.reason, engine=engine)
+                continue
             finally:
                 self._request_finished(idx, request.request_id)
             new_tokens = len(result.token_ids) - len(state.token_ids)
             self.timeline.record(
                 f"rollout/replica{idx}", "generate", t0, self.timeline.now(), self.version, tokens=max(0, new_tokens)
             )
-            if self.health.record(idx, result.error):
+            if self.health.record(idx, result.error, take_out=self.healer is None):
+                if self.healer is not None:
+                    self.replica_lost(idx, self.health.failures_in_a_row(idx), kill=True, engine=engine)
                 self.counters.replicas_out_of_rotation = len(self.health.out)
                 if self.health.all_out:
                     raise self.health.failure()
@@ -478,6 +516,7 @@ class Rollouter:
 
     def _request_finished(self, idx: int, request_id: str) -> None:
         del self._requests_on[idx][request_id]
+        self.returned_requests[idx] += 1
         for clock in (self.replica_busy[idx], self.generation_busy, self.engine_busy):
             clock.stop()
         self.counters.busy_time_s = self.generation_busy.closed_s
@@ -492,23 +531,38 @@ class Rollouter:
             await self._idle.wait()
             return
         # Abort until idle: a request that slipped in just after an abort is aborted by the next.
+        started = time.monotonic()
         while True:
             await self._abort_all()
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout=0.2)
                 return
             except asyncio.TimeoutError:
-                continue
+                pass
+            if self.healer is not None and time.monotonic() - started > self.ABORT_GRACE_S:
+                for index, held in enumerate(self._requests_on):  # hung: healing kills it, its calls then return
+                    if held:
+                        self.replica_lost(index, f"did not answer an abort of its {len(held)} request(s) for "
+                                                 f"{self.ABORT_GRACE_S:.0f} s", kill=True, engine=self.engines[index])
+                started = time.monotonic()
 
     async def _abort_all(self) -> None:
         """Abort this Rollouter's requests on every replica; one out of rotation may be broken or dead: its error is
         logged. Only its own: a validation running beside it (trainer.val_async) stays on its version and the sync
         waits for it instead (rollout/background_validation.py)."""
         serving = set(self.health.serving())
-        results = await asyncio.gather(*(e.abort(list(held)) for e, held in zip(self.engines, self._requests_on)),
-                                       return_exceptions=True)
-        for index, result in enumerate(results):
-            if isinstance(result, BaseException):
+        engines = list(self.engines)
+        holding = [i for i, held in enumerate(self._requests_on) if held]  # a restarting replica holds none: not asked
+        bound = self.ABORT_GRACE_S if self.healer is not None else None  # a hung replica's abort may never answer
+        results = dict(zip(holding, await asyncio.gather(*(asyncio.wait_for(engines[i].abort(list(self._requests_on[i])),
+                                                                            bound) for i in holding),
+                                                         return_exceptions=True)))
+        for index, result in results.items():
+            if isinstance(result, ReplicaLost):  # its requests come back failed: they continue elsewhere
+                self.replica_lost(index, result.reason, engine=engines[index])
+            elif isinstance(result, asyncio.TimeoutError):  # pause_for_sync heals it once the grace has passed
+                logger.warning("abort on replica %d did not answer within %.0f s", index, bound)
+            elif isinstance(result, BaseException):
                 if index in serving:
                     raise result
                 logger.warning("abort on replica %d (out of rotation) failed: %s", index, result)

@@ -72,6 +72,7 @@ class RolloutCounters:
     failed_prompts: int = 0  # prompts dropped max_prompt_retries + 1 times: never trained
     replicas_out_of_rotation: int = 0
     engine_errors: int = 0
+    lost_requests: int = 0  # requests whose replica died under them (continued on another one)
     aborted_requests: int = 0
     continued_requests: int = 0
     generated_tokens: int = 0
