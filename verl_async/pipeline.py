@@ -376,6 +376,12 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     for index, why in rollout.get("replicas_out", {}).items():
         print(f"warning: engine replica {index} was taken out of rotation: {why}", flush=True)
     summary.update(heal_summary(rollout.get("replica_heals", []), results.get("trainer_restarts", [])))
+    resume = rollout.get("resume")
+    if resume:  # rollout/partials.py: what the checkpoint held in flight was continued, not generated again
+        summary.update({f"resume/{k}": v for k, v in resume.items()})
+        print(f"resume: {resume['continued_responses']} response(s) in flight at the checkpoint continued "
+              f"({resume['continued_tokens']} of its {resume['saved_tokens']} tokens), "
+              f"{resume['regenerated_tokens']} token(s) regenerated", flush=True)
     failures = results.get("trainer", {}).get("validation_failures", [])
     if failures:
         print(f"warning: {len(failures)} validation(s) failed and were skipped, training went on (versions "

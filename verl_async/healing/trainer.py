@@ -55,6 +55,12 @@ def is_trainer_death(exc: BaseException) -> bool:
     return False
 
 
+def brief(text: str, limit: int = 300) -> str:
+    """The first line of an error (Ray's actor errors go on with the actor's id, pid and troubleshooting text)."""
+    first = text.strip().splitlines()[0] if text.strip() else text
+    return first if len(first) <= limit else first[:limit] + "..."
+
+
 @dataclass
 class TrainerRestart:
     restart: int
@@ -89,10 +95,8 @@ class TrainerSupervisor:
             return None
         if not self._rollouter_alive():
             return None
-        cause = root_cause(exc)
+        cause = brief(root_cause(exc))
         t0 = time.monotonic()
-        logger.warning("the trainer died (%s); restarting it from its newest checkpoint (restart %d of %d)", cause,
-                       len(self.restarts) + 1, self.max_restarts)
         print(f"warning: the trainer died ({cause}); restarting the trainer side from its newest checkpoint "
               f"(restart {len(self.restarts) + 1} of {self.max_restarts}, trainer.max_restarts)", flush=True)
         self._pause_generation()

@@ -34,7 +34,7 @@ import logging
 import os
 import time
 import zlib
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Callable, Collection, Iterable, Optional, Sequence
 
 import torch
@@ -44,6 +44,7 @@ from verl_async.rollout.engine import GenerateRequest, GenerateResult, Inference
 from verl_async.rollout.group_filter import GroupFilter
 from verl_async.rollout.health import EngineFailure, ReplicaHealth, ReplicaLost
 from verl_async.rollout.lengths_log import append_jsonl, lengths_record
+from verl_async.rollout.partials import PartialLog, entry, finished, model_tokens, response_of
 from verl_async.rollout.task import (  # noqa: F401 - the Rollouter's contract, importable from here too
     GroupScorer,
     PromptSource,
@@ -113,6 +114,7 @@ class Rollouter:
         self.healer: Optional[Any] = None  # rollout/healing.ReplicaHealer (the service sets it); None: lost = out
         self._replica_event = asyncio.Event()  # a replica came back or left for good
         self.returned_requests = [0] * len(self.engines)  # per replica: requests that came back (the watchdog)
+        self.partials = PartialLog()  # the responses of groups in flight, as far as known (a checkpoint keeps them)
         self.failed_log = failed_log
         self.progress_timeout_s = progress_timeout_s  # None: no progress watchdog (tests that do not need it)
         self.group_filter = group_filter  # None: every scored group goes to the queue
@@ -266,6 +268,8 @@ class Rollouter:
         self._poke()
 
     def _start_group(self, item: PromptTask) -> None:
+        if item.version_start is None:  # a resumed group keeps the version it first started under
+            item.version_start = self.version
         self._last_event = time.monotonic()
         self.budget.on_start()
         self.counters.started_groups += 1
@@ -282,7 +286,7 @@ class Rollouter:
         self._poke()
 
     async def _run_group(self, item: PromptTask) -> None:
-        version_start = self.version
+        version_start = self.version if item.version_start is None else item.version_start
         submit = self.timeline.now()
         results = await self.policy.generate_group(item)
         if results is None or any(r is None for r in results):
@@ -316,6 +320,7 @@ class Rollouter:
             self.budget.on_abandon()  # filtered after the sync wait: a checkpoint sees it pending or consumed
             return
         await self.sink.put(sample)
+        self.partials.drop(item.uid)
         self.counters.finished_groups += 1
 
     def release_budget(self, groups: int) -> None:
@@ -333,10 +338,12 @@ class Rollouter:
         self.budget.on_abandon()
         self.counters.dropped_groups_engine_error += 1
         self._inflight.pop(item.uid, None)
+        self.partials.drop(item.uid)
+        self.counters.resume_regenerated_tokens += sum(model_tokens(saved) for saved in item.resume.values())
         if item.attempts < self.max_prompt_retries:
             self.counters.started_groups -= 1  # started again from the retry queue
             self.counters.retried_prompts += 1
-            self._retry.append(replace(item, attempts=item.attempts + 1))
+            self._retry.append(replace(item, attempts=item.attempts + 1, resume={}, version_start=None))
             logger.warning("group %s dropped after repeated engine errors (%s); its prompt is retried (%d of %d)",
                            item.uid, self.last_engine_error, item.attempts + 1, self.max_prompt_retries)
         else:
@@ -400,9 +407,30 @@ class Rollouter:
 
     async def generate_response(self, item: PromptTask, i: int) -> Optional[Response]:
         """Response `i` of `item`: one generation, or a whole tool-using trajectory with an agent loop."""
-        if self.agent_loop is not None:
-            return await self.agent_loop.generate_response(self, item, i)
-        return await self.generate_one(item, i)
+        if self.agent_loop is None:
+            return await self.generate_one(item, i)
+        saved = self._take_resumed(item, i)
+        if saved is not None and finished(saved, self.sampling.max_tokens):
+            return response_of(saved)
+        response = await self.agent_loop.generate_response(self, item, i, resume=saved)
+        if response is not None:
+            self.partials.note(item.uid, i, entry(response))
+        return response
+
+    def _take_resumed(self, item: PromptTask, i: int) -> Optional[dict]:
+        """Response `i`'s state at the checkpoint this run resumed from (rollout/partials.py), once; None: none."""
+        saved = item.resume.pop(str(i), None)
+        if saved is None:
+            return None
+        self.counters.resume_continued_responses += 1
+        self.counters.resume_continued_tokens += model_tokens(saved)
+        self.partials.note(item.uid, i, saved)
+        return saved
+
+    def note_trajectory(self, item: PromptTask, i: int, trajectory: Response, turn_start: int,
+                        agent: dict[str, Any]) -> None:
+        """A trajectory's state at the end of a complete turn (the agent loop reports it; a checkpoint keeps it)."""
+        self.partials.note(item.uid, i, entry(trajectory, turn_start=int(turn_start), agent=dict(agent)))
 
     async def generate_one(
         self,
@@ -431,6 +459,14 @@ class Rollouter:
             max_tokens = target_length(item, i)
         if max_tokens is not None:
             sampling = replace(sampling, max_tokens=min(int(max_tokens), self.sampling.max_tokens))
+        if prefix is None and self.agent_loop is None:  # after a resume: continue what the checkpoint held
+            saved = self._take_resumed(item, i)
+            if saved is not None:
+                if finished(saved, sampling.max_tokens):
+                    return response_of(saved)
+                prefix = response_of(saved)
+                state = GenerateResult("", list(prefix.token_ids), list(prefix.log_probs), list(prefix.versions),
+                                       "abort")
         errors = 0
         failed_on: set[int] = set()
         started = prefix.start_time if prefix else None
@@ -479,13 +515,7 @@ class Rollouter:
                     return None
                 continue
             self.counters.generated_tokens += new_tokens
-            if result.finish_reason == "abort":
-                self.counters.aborted_requests += 1
-                if new_tokens > 0:
-                    self.counters.continued_requests += 1
-                state = result
-                continue
-            return Response(
+            response = Response(
                 token_ids=list(result.token_ids),
                 log_probs=list(result.log_probs),
                 versions=list(result.versions),
@@ -494,6 +524,14 @@ class Rollouter:
                 start_time=started,
                 end_time=self.timeline.now(),
             )
+            self.partials.note_tokens(item.uid, i, response)  # what a checkpoint now would keep of it
+            if result.finish_reason == "abort":
+                self.counters.aborted_requests += 1
+                if new_tokens > 0:
+                    self.counters.continued_requests += 1
+                state = result
+                continue
+            return response
 
     @property
     def _running_requests(self) -> int:
@@ -580,6 +618,17 @@ class Rollouter:
         self._poke()
 
     # ------------------------------------------------------------------ state
+    def pending_states(self) -> list[dict[str, Any]]:
+        """`pending_items` as a checkpoint keeps them: each group in flight with what its responses hold so far."""
+        inflight = {uid for uid in self._inflight}
+        out = []
+        for item in self.pending_items():
+            state = asdict(item)
+            if item.uid in inflight:
+                state["resume"] = self.partials.to_resume(item.uid, item.resume)
+            out.append(state)
+        return out
+
     def pending_items(self) -> list[PromptTask]:
         """Prompts taken from the source but not yet in the queue (regenerated after a resume)."""
         items = [item for item, _ in self._inflight.values()]

@@ -30,6 +30,7 @@ from verl_async.rollout.background_validation import BackgroundValidation
 from verl_async.rollout.engine import InferenceEngine, SamplingParams
 from verl_async.rollout.group_filter import GroupFilter
 from verl_async.rollout.healing import ReplicaHealer
+from verl_async.rollout.partials import model_tokens
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
@@ -245,6 +246,7 @@ class RolloutService:
                                         needs_weights=not bool(cfg.debug.get("rollout_only")))
             self.rollouter.healer = self.healer
         self._sync_members: Optional[list[int]] = None  # replicas a sync under way reaches (fixed at its pause)
+        self.resume_saved_tokens: Optional[int] = None  # resumed: tokens the checkpoint held in flight
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
                         ", ".join(f"{i}:{c} seqs" for i, c in enumerate(capacities)))
@@ -269,6 +271,10 @@ class RolloutService:
         out["replicas_out"] = {str(i): why for i, why in sorted(self.rollouter.health.out.items())}
         if self.healer is not None:
             out["replica_heals"] = self.healer.summary()
+        if self.resume_saved_tokens is not None:
+            out["resume"] = {"saved_tokens": self.resume_saved_tokens, "continued_tokens": counters.resume_continued_tokens,
+                             "continued_responses": counters.resume_continued_responses,
+                             "regenerated_tokens": counters.resume_regenerated_tokens}
         if self.group_filter is not None:
             out["filtered_groups"] = self.group_filter.filtered
         out.update(self.reward.summary())  # reward_scored, reward_errors (the end-of-run summary)
@@ -393,7 +399,12 @@ class RolloutService:
     def metrics(self) -> dict[str, float]:
         c = self.rollouter.counters
         wall = max(1e-9, time.monotonic() - self._run_started)
-        out = {f"rollout/{k}": float(v) for k, v in asdict(c).items()}
+        out = {f"rollout/{k}": float(v) for k, v in asdict(c).items() if not k.startswith("resume_")}
+        if self.resume_saved_tokens is not None:  # resumed from a checkpoint: what it held in flight, continued
+            out.update({"resume/saved_tokens": float(self.resume_saved_tokens),
+                        "resume/continued_tokens": float(c.resume_continued_tokens),
+                        "resume/continued_responses": float(c.resume_continued_responses),
+                        "resume/regenerated_tokens": float(c.resume_regenerated_tokens)})
         # no request of any kind (generation or validation) on any engine
         out["rollout/idle_ratio"] = max(0.0, 1.0 - self.rollouter.engine_busy.seconds() / wall)
         out["rollout/tokens_per_s"] = c.generated_tokens / wall
@@ -465,7 +476,7 @@ class RolloutService:
         """
         ro = self.rollouter
         unstarted = self.source.pending()
-        pending = [asdict(t) for t in ro.pending_items() + unstarted]
+        pending = ro.pending_states() + [asdict(t) for t in unstarted]  # in flight: with their partial responses
         return {
             "iterator": self.iterator.state_dict(),
             "pending": pending,
@@ -480,6 +491,7 @@ class RolloutService:
         skip = set(queued_uids)
         redo = [PromptTask(**p) for p in state.get("pending", []) if p["uid"] not in skip]
         self.source.push_front(redo)
+        self.resume_saved_tokens = sum(model_tokens(s) for t in redo for s in t.resume.values())
         self.rollouter.version = int(state.get("version", 0))
         # total_rollout_steps counts over the whole run: the redone prompts start again
         self.rollouter.counters.started_groups = int(state.get("started_groups", 0)) - len(redo)
