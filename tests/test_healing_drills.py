@@ -142,6 +142,8 @@ def test_a_dead_node_holding_the_replicas_heals_on_the_spare_node(tmp_path, tiny
             time.sleep(0.2)
         holding = _node_of_the_replicas(workers)
         assert holding is not None, "the replicas' bundle is on no worker node"
+        # the Rollouter (whose death does not heal) runs on the head: the driver's node, where Ray puts it first
+        assert _node_of_actor("RolloutService") != holding.node_id, "the Rollouter shares the replicas' node"
         cluster.remove_node(holding, allow_graceful=False)
         thread.join(timeout=400)
         assert not thread.is_alive() and "summary" in outcome, "the run did not finish"
@@ -153,6 +155,13 @@ def test_a_dead_node_holding_the_replicas_heals_on_the_spare_node(tmp_path, tiny
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _node_of_actor(class_name: str):
+    from ray._private.state import actors  # the GCS's actor table (the state API needs a dashboard)
+
+    return next((a["Address"]["NodeID"] for a in actors().values()
+                 if a.get("ActorClassName", "").endswith(class_name) and a.get("State") == "ALIVE"), None)
 
 
 def _node_of_the_replicas(workers):

@@ -115,8 +115,8 @@ class ReplicaHealer:
 
     def _retire(self, index: int, event: HealEvent, *, why: Optional[str] = None) -> None:
         ro = self.rollouter
-        reason = why or (f"lost again after {self.max_restarts} restart(s) (rollout.max_replica_restarts): "
-                         f"{event.cause}")
+        reason = why or (event.cause if self.max_restarts == 0 else
+                         f"lost again after {self.max_restarts} restart(s) (rollout.max_replica_restarts): {event.cause}")
         event.outcome = "retired"
         self.awaiting.pop(index, None)
         ro.health.retire(index, reason)
