@@ -382,3 +382,54 @@ def test_the_end_of_a_run_says_what_healed(capsys):
                      "rejoined 5.5 s after the loss with the weights of version 3",
                      "warning: engine replica 1 was lost (hung) and had not rejoined when the run ended (restarting)"]
     assert heal_summary([], []) == {}
+
+
+def test_a_trajectory_in_flight_at_a_checkpoint_resumes_in_the_agent_loop_without_running_its_tools_again():
+    """Multi-turn: a checkpoint during the second model turn keeps the first turn, the tool's answer (mask 0) and the
+    second turn's tokens so far; the resumed Rollouter continues that turn and the response equals an uninterrupted
+    one: same text, mask and turn counts, the tool not called again."""
+    from tests.agent_fakes import call
+    from tests.test_agent_loop import PROMPT, TOK, Tool, build, segments
+
+    long_turn = "The second turn is long enough to be cut by the checkpoint's sync. " * 2
+    script = lambda uid, i, turn, ctx: [call("calc", x=1), long_turn][turn]  # noqa: E731
+    answers = []
+
+    async def answer(arguments):
+        answers.append(arguments)
+        return "2"
+
+    tool = Tool("calc", answer)
+    ro, _, (engine,), _ = build(script, [tool], token_delay=0.004)
+
+    async def first_life():
+        task = asyncio.create_task(ro.run())
+        while not any(key[2] == 1 for key in engine.contexts):  # the second turn has started
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        await ro.pause_for_sync()  # as a checkpoint sees it
+        states = ro.pending_states()
+        ro.stop()
+        await asyncio.gather(task, return_exceptions=True)
+        return states
+
+    (state,) = within(first_life(), 30)
+    saved = state["resume"]["0"]
+    start = saved["turn_start"]
+    assert saved["agent"] == {"assistant_turns": 1, "user_turns": 1, "tool_calls": 1, "tool_rewards": [0.0]}
+    assert 0 < start < len(saved["token_ids"]) and saved["loss_mask"][start:] == [1] * (len(saved["token_ids"]) - start)
+    assert 0 in saved["loss_mask"][:start] and answers == [{"x": 1}]
+
+    engine._paused.set()  # the same engine object plays the continued turn (a real engine continues any prefix)
+    ro2, _, _, sink = build(script, [tool], items=[PromptTask(**state)])
+    ro2.engines = [engine]
+    within(ro2.run(), 30)
+    (response,) = sink.groups[0].responses
+    assert engine.requests[-1].prefix_token_ids[:len(saved["token_ids"])] == saved["token_ids"]
+    assert TOK.decode(response.token_ids).endswith(long_turn + "<|im_end|>")
+    assert [m for m, _ in segments(response)] == [1, 0, 1] and answers == [{"x": 1}]  # no second tool call
+    assert response.token_ids[:len(saved["token_ids"])] == saved["token_ids"]
+    assert response.loss_mask[:len(saved["loss_mask"])] == saved["loss_mask"]
+    assert (response.agent_info["assistant_turns"], response.agent_info["user_turns"],
+            response.agent_info["tool_calls"]) == (2, 1, 1)
+    assert ro2.counters.resume_continued_tokens == model_tokens(saved) and list(PROMPT) == state["prompt_ids"]

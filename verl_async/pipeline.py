@@ -123,8 +123,11 @@ def ray_init(cfg: Any) -> bool:
 
 
 def trainer_heals(cfg: Any) -> bool:
-    """Whether a dead trainer side restarts from its checkpoint (trainer.max_restarts > 0 and a trainer to restart)."""
-    return int(cfg.trainer.get("max_restarts", 0) or 0) > 0 and not cfg.debug.get("rollout_only")
+    """Whether a dead trainer side restarts from its checkpoint (healing/trainer.py): trainer.max_restarts > 0, a
+    trainer to restart, and checkpoints to restart from (trainer.save_freq > 0: the queue keeps the groups taken
+    since the last one, which without checkpoints would be every group of the run)."""
+    return (int(cfg.trainer.get("max_restarts", 0) or 0) > 0 and int(cfg.trainer.save_freq or -1) > 0
+            and not cfg.debug.get("rollout_only"))
 
 
 def node_resources(cfg: Any) -> list[str]:
