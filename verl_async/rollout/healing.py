@@ -209,10 +209,10 @@ class ReplicaHealer:
 
     # ------------------------------------------------------------------ reporting
     def metrics(self) -> dict[str, float]:
-        """fault/*: restarts so far, replicas retired and waiting, time to rejoin (last and max)."""
+        """fault/*: replica processes restarted so far, replicas retired and down, time to rejoin (last and max)."""
         rejoined = [e.rejoined_s for e in self.events if e.rejoined_s is not None]
         out = {
-            "fault/replica_restarts": float(sum(min(r, self.max_restarts) for r in self.restarts)),
+            "fault/replica_restarts": float(sum(e.restarted_s is not None for e in self.events)),
             "fault/replicas_retired": float(sum(e.outcome == "retired" for e in self.events)),
             "fault/replicas_down": float(len(self.rollouter.health.down)),
         }

@@ -48,6 +48,7 @@ class ReplicaSpec:
     fail_replicas: FailReplicas = None
     shared_dirs: Sequence[SharedDir] = ()
 
+
 class ReplicaFenced(RuntimeError):
     """A restarted replica holds the model's first weights: it serves no request until it has the current ones."""
 

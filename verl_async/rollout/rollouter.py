@@ -630,7 +630,7 @@ class Rollouter:
         return out
 
     def pending_items(self) -> list[PromptTask]:
-        """Prompts taken from the source but not yet in the queue (regenerated after a resume)."""
+        """Prompts taken from the source but not yet in the queue (continued after a resume: `pending_states`)."""
         items = [item for item, _ in self._inflight.values()]
         return items + ([self._next_item] if self._next_item is not None else []) + list(self._retry)
 
