@@ -44,7 +44,8 @@ def run_main(tmp_path, model_dir, data_files, fail: str, *extra: str) -> tuple[s
         "data.max_prompt_length=64", "data.max_response_length=12", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.n_gpus_per_node=2", "rollout.total_rollout_steps=8",
         "trainer.test_freq=-1", "trainer.logger=[console]", f"trainer.default_local_dir={tmp_path / 'run'}",
-        "ray_init.num_cpus=2", f"debug.fail_replicas={fail}", *extra,
+        # no restarts: these check how a broken replica is reported (tests/test_healing_drills.py: how it heals)
+        "ray_init.num_cpus=2", f"debug.fail_replicas={fail}", "rollout.max_replica_restarts=0", *extra,
     ]
     env = dict(os.environ, PYTHONPATH=REPO)
     t0 = time.monotonic()

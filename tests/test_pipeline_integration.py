@@ -176,7 +176,10 @@ def test_train_only_checkpoints_and_resumes_like_a_normal_run(ray_session, tmp_p
     assert [(e["step"], e["uids"]) for e in trained_log(tmp_path)] == list(enumerate(saved))
 
 
-def test_dead_engine_replica_stops_the_run_with_the_cause(ray_session, tmp_path, tiny_model_dir, data_files):
+def test_a_replica_killed_for_good_with_no_other_stops_the_run_with_the_cause(ray_session, tmp_path, tiny_model_dir,
+                                                                              data_files):
+    """`ray.kill` ends a replica for good (Ray does not restart it): its healing fails, it is retired, and with no
+    other replica the run stops naming it (a replica that Ray restarts heals: tests/test_healing_drills.py)."""
     def kill_a_replica():
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -190,7 +193,8 @@ def test_dead_engine_replica_stops_the_run_with_the_cause(ray_session, tmp_path,
 
     killer = threading.Thread(target=kill_a_replica, daemon=True)
     killer.start()
-    with pytest.raises(PipelineError, match=r"(?s)(trainer|rollouter) failed: ActorDiedError.*EngineReplica"):
+    with pytest.raises(PipelineError, match=r"(?s)rollouter failed: EngineFailure: every engine replica is out of "
+                                            r"rotation \(replica 0: its restart failed: ActorDiedError.*EngineReplica"):
         # Enough epochs that the run is still generating when the replica dies, however fast the machine.
         run_pipeline(tmp_path, tiny_model_dir, data_files, "rollout.total_epochs=100", "rollout.total_rollout_steps=800",
                      "data.max_response_length=48")

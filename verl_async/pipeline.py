@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import ray
 from omegaconf import DictConfig, OmegaConf
@@ -27,8 +27,11 @@ from verl_async.config.derived import (FINISH_TIMEOUT_RULE, colocated_device_ids
 from verl_async.config.resume import step_of
 from verl_async.errors import PipelineError, root_cause
 from verl_async.outcome import RunCounts, shortfall, zero_steps_error
+from verl_async.healing.report import heal_summary
+from verl_async.healing.trainer import TrainerSupervisor
 from verl_async.placement import NodePlan, PlacementError, check_plans, pin, where
 from verl_async.rollout.service import RolloutService, rollout_plan
+from verl_async.sync import sync_timeout_s
 from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
 from verl_async.trainer.trainer import Trainer, load_rollout_groups
 from verl_async.trainer.worker_group import FSDPWorkerGroup, trainer_node_plan
@@ -178,6 +181,14 @@ def quiet_default_auth_notice() -> None:
         auth_log.addFilter(_DropDefaultAuthNotice())
 
 
+def trainer_heals(cfg: Any) -> bool:
+    """Whether a dead trainer side restarts from its checkpoint (healing/trainer.py): trainer.max_restarts > 0, a
+    trainer to restart, and checkpoints to restart from (trainer.save_freq > 0: the queue keeps the groups taken
+    since the last one, which without checkpoints would be every group of the run)."""
+    return (int(cfg.trainer.get("max_restarts", 0) or 0) > 0 and int(cfg.trainer.save_freq or -1) > 0
+            and not cfg.debug.get("rollout_only"))
+
+
 def node_resources(cfg: Any) -> list[str]:
     """The Ray custom resources `trainer.node_resource` / `rollout.node_resource` name."""
     return sorted({str(r) for r in (cfg.trainer.get("node_resource"), cfg.rollout.get("node_resource")) if r})
@@ -198,8 +209,12 @@ def _get(what: str, ref: Any, timeout: float, key: str = "trainer.worker_timeout
         raise PipelineError(f"{what} did not finish within {timeout:.0f} s; raise {key}") from exc
 
 
-def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show_progress: bool = True, total_steps: Optional[int] = None) -> dict[str, Any]:
-    """Wait for rollouter and trainer; the first failure stops the other and is raised."""
+def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show_progress: bool = True,
+              total_steps: Optional[int] = None, heal: Optional[Callable[[BaseException], Any]] = None) -> dict[str, Any]:
+    """Wait for rollouter and trainer; the first failure stops the other and is raised.
+
+    `heal(exc)`: a trainer failure that heals (healing/trainer.py) gives a new Trainer actor, whose run is
+    waited for instead; None: it does not heal."""
     from tqdm import tqdm
 
     pending = dict(refs)
@@ -215,6 +230,11 @@ def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show
                 try:
                     results[name] = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - re-raised with the root cause below
+                    healed = _heal(heal, exc) if name == "trainer" else None
+                    if healed is not None:
+                        trainer = stoppers["trainer"] = healed
+                        pending["trainer"] = healed.run.remote()
+                        continue
                     for other, handle in stoppers.items():
                         if other != name and handle is not None:
                             try:
@@ -240,6 +260,17 @@ def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show
     finally:
         bar.close()
     return results
+
+
+def _heal(heal: Optional[Callable[[BaseException], Any]], exc: BaseException) -> Any:
+    """The healed trainer, or None; a restart that itself fails is the run's error, naming both."""
+    if heal is None:
+        return None
+    try:
+        return heal(exc)
+    except Exception as again:  # noqa: BLE001
+        raise PipelineError(f"the trainer failed: {root_cause(exc)}; restarting it failed: {root_cause(again)}") \
+            from again
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -289,7 +320,9 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
     except PlacementError as exc:
         raise PipelineError(str(exc)) from None
     try:
-        queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(capacity, int(cfg.actor_rollout_ref.rollout.n))
+        heals = trainer_heals(cfg)  # healing/trainer.py: the queue keeps the groups taken since the last checkpoint
+        queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(
+            capacity, int(cfg.actor_rollout_ref.rollout.n), keep_taken=heals)
         actors.append(queue)
         rollouter = None
         if not train_only:
@@ -298,11 +331,14 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
                 cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start, shared_dirs=shared
             )
             actors.append(rollouter)
-        trainer = _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4,
-                             **pin(cfg.trainer.get("node_resource"))).remote(
-            cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id),
-            shared_dirs=shared,
-        )
+        def start_trainer(dirs: Sequence[SharedDir] = ()) -> Any:
+            return _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4,
+                              **pin(cfg.trainer.get("node_resource"))).remote(
+                cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id),
+                shared_dirs=dirs,
+            )
+
+        trainer = start_trainer(shared)
         actors.append(trainer)
         # each actor's start (its replicas or ranks, their nodes' folders) fails here, named, before the resume
         # (the engines' own deadline, rollout.start_timeout_s, fires first)
@@ -334,10 +370,16 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
                       f"{failure}", flush=True)
             elif before:
                 print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
+        supervisor = TrainerSupervisor(start_trainer, trainer, queue, rollouter,
+                                       max_restarts=int(cfg.trainer.max_restarts) if heals else 0, timeout_s=timeout,
+                                       sync_timeout_s=sync_timeout_s(cfg), start_step=int(resumed["step"]),
+                                       on_new=actors.append)
         refs = {"trainer": trainer.run.remote()}
         if rollouter is not None:
             refs["rollouter"] = rollouter.run.remote()
-        results = wait_both(refs, trainer, {"trainer": trainer, "rollouter": rollouter}, total_steps=total_steps)
+        results = wait_both(refs, trainer, {"trainer": trainer, "rollouter": rollouter}, total_steps=total_steps,
+                            heal=supervisor.heal if heals else None)
+        trainer = supervisor.trainer
         after = _get("the final sync, checkpoint and validation", trainer.finish.remote(), timeouts["finish_s"],
                      key=f"trainer.finish_timeout_s ({FINISH_TIMEOUT_RULE})")
         _print_console(trainer, timeout)
@@ -345,6 +387,7 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
             print(f"validation after training (version {results['trainer']['version']}): {_fmt(after)}", flush=True)
         results["trainer"]["validation_failures"] = _get(
             "the trainer summary", trainer.summary.remote(), timeout)["validation_failures"]  # finish's too
+        results["trainer_restarts"] = supervisor.summary()
         return _summarise(run_dir, results, before, after, time.time() - run_start, planned=total_steps,
                           per_step=required_samples(cfg), load_pattern=debug.get("load_rollout_data"))
     finally:
@@ -410,6 +453,13 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
         summary["trainer_busy_fraction"] = busy_fraction(spans, "trainer/driver", ("train", "logprob"), wall)
     for index, why in rollout.get("replicas_out", {}).items():
         print(f"warning: engine replica {index} was taken out of rotation: {why}", flush=True)
+    summary.update(heal_summary(rollout.get("replica_heals", []), results.get("trainer_restarts", [])))
+    resume = rollout.get("resume")
+    if resume:  # rollout/partials.py: what the checkpoint held in flight was continued, not generated again
+        summary.update({f"resume/{k}": v for k, v in resume.items()})
+        print(f"resume: {resume['continued_responses']} response(s) in flight at the checkpoint continued "
+              f"({resume['continued_tokens']} of its {resume['saved_tokens']} tokens), "
+              f"{resume['regenerated_tokens']} token(s) regenerated", flush=True)
     failures = results.get("trainer", {}).get("validation_failures", [])
     if failures:
         print(f"warning: {len(failures)} validation(s) failed and were skipped, training went on (versions "

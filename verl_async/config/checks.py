@@ -17,6 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
+from verl_async.config.fault_specs import FaultSpecError, parse_fail_replicas, parse_fail_trainer
 from verl_async.config.verl09 import EP_TRAIN
 from verl_async.models.names import BUILTIN_MODELS, is_gguf
 from verl_async.utils.tracking import logger_problem
@@ -595,16 +596,14 @@ def debug_modes(cfg: DictConfig) -> None:
 
 @check
 def fail_replicas(cfg: DictConfig) -> None:
-    """debug.fail_replicas (fault drills, rollout/faults.py) names replicas that exist, or all of them."""
+    """debug.fail_replicas and debug.fail_trainer (fault drills, config/fault_specs.py) parse and name what exists."""
     value = cfg.debug.fail_replicas
-    if value is None or value == "all":
-        return
-    replicas = derived.rollout_replicas(cfg)
-    if not isinstance(value, (list, ListConfig)) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                             for i in value):
-        raise ConfigError("debug.fail_replicas", f"expected null, all or a list of replica indices such as [0], "
-                                                 f"got {value!r}")
-    outside = [i for i in value if not 0 <= i < replicas]
-    if outside:
-        raise ConfigError("debug.fail_replicas", f"replica {outside[0]} does not exist: this run has {replicas} "
-                                                 f"engine replica(s), indices 0..{replicas - 1}")
+    if isinstance(value, ListConfig):
+        value = list(value)
+    try:
+        parse_fail_replicas(value, derived.rollout_replicas(cfg))
+        world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+        trainer_value = cfg.debug.get("fail_trainer")
+        parse_fail_trainer(list(trainer_value) if isinstance(trainer_value, ListConfig) else trainer_value, world)
+    except FaultSpecError as exc:
+        raise ConfigError(exc.key, exc.reason) from None

@@ -200,6 +200,7 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int]
     ray_wait_register_center_timeout: int
     worker_timeout_s: float = rule(gt=0)
+    max_restarts: int = rule(ge=0)  # the trainer side restarted from its newest checkpoint this often (healing)
     val_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py validation_timeout_s)
     finish_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py finish_timeout_s)
     cpu_threads_per_worker: Optional[int] = rule(ge=1)  # null: derived (config/derived.py cpu_threads)
@@ -223,6 +224,7 @@ class RolloutResourcesConfig:
     test_freq: int
     max_prompt_retries: int = rule(ge=0)
     max_consecutive_engine_failures: int = rule(ge=1)
+    max_replica_restarts: int = rule(ge=0)  # per replica; then retired (rollout/healing.py)
     progress_timeout_s: Optional[float] = rule(gt=0)
     start_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py replica_start_timeout_s)
 
@@ -271,7 +273,8 @@ class DebugConfig:
     save_rollout_data: Optional[str]
     load_rollout_data: Optional[str]
     save_train_output: Optional[str]
-    fail_replicas: Any  # null | "all" | list of engine replica indices (checks.fail_replicas)
+    fail_replicas: Any  # null | "all" | list of replica indices or INDEX:KIND entries (config/fault_specs.py)
+    fail_trainer: Any  # null | list of rank<R>:die@update<N> / actor:die@sync<V> entries (config/fault_specs.py)
 
 
 @schema

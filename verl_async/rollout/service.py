@@ -30,6 +30,8 @@ from verl_async.rollout.background_validation import BackgroundValidation
 from verl_async.rollout.engine import InferenceEngine, SamplingParams
 from verl_async.rollout.group_filter import GroupFilter
 from verl_async.rollout.native.sizing import DEFAULT_MAX_NUM_SEQS
+from verl_async.rollout.healing import ReplicaHealer
+from verl_async.rollout.partials import model_tokens
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
@@ -208,7 +210,8 @@ class RolloutService:
             try:
                 engines = start_replicas(count, spec, engine_overrides=[{"max_num_seqs": None if sized else c}
                                                                         for c in capacities],
-                                         timeout_s=replica_start_timeout_s(cfg), placement=self.reservation)
+                                         timeout_s=replica_start_timeout_s(cfg), placement=self.reservation,
+                                         max_restarts=int(cfg.rollout.max_replica_restarts))
                 if sized:
                     capacities = [max(1, e.stats().kv_budget_tokens // max(1, rollout_max_model_len(rollout_cfg) or 1))
                                   for e in engines]
@@ -217,6 +220,7 @@ class RolloutService:
                     self.reservation.release()
                 raise
         self.engines = list(engines)
+        heal = bool(self.engines) and all(hasattr(e, "handle") for e in self.engines)  # replica actors: they restart
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.limit = max_required_samples(cfg)
         n = int(rollout_cfg.n)
@@ -253,6 +257,15 @@ class RolloutService:
             agent_loop=self.agent_loop,
             response_hook=None if self.teachers is None else self.teachers.annotate,
         )
+        self.engines = self.rollouter.engines  # one list: the healer puts a restarted replica's proxy in it
+        self.healer: Optional[ReplicaHealer] = None
+        if heal:  # rollout/healing.py: a lost replica restarts, gets the current weights alone, rejoins
+            self.healer = ReplicaHealer(self.rollouter, max_restarts=int(cfg.rollout.max_replica_restarts),
+                                        restart=self._restart_replica, retire=self._end_replica,
+                                        needs_weights=not bool(cfg.debug.get("rollout_only")))
+            self.rollouter.healer = self.healer
+        self._sync_members: Optional[list[int]] = None  # replicas a sync under way reaches (fixed at its pause)
+        self.resume_saved_tokens: Optional[int] = None  # resumed: tokens the checkpoint held in flight
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
                         ", ".join(f"{i}:{c} seqs" for i, c in enumerate(capacities)))
@@ -275,6 +288,12 @@ class RolloutService:
             await self.queue.close.remote()
         out: dict[str, Any] = asdict(counters)
         out["replicas_out"] = {str(i): why for i, why in sorted(self.rollouter.health.out.items())}
+        if self.healer is not None:
+            out["replica_heals"] = self.healer.summary()
+        if self.resume_saved_tokens is not None:
+            out["resume"] = {"saved_tokens": self.resume_saved_tokens, "continued_tokens": counters.resume_continued_tokens,
+                             "continued_responses": counters.resume_continued_responses,
+                             "regenerated_tokens": counters.resume_regenerated_tokens}
         if self.group_filter is not None:
             out["filtered_groups"] = self.group_filter.filtered
         out.update(self.reward.summary())  # reward_scored, reward_errors (the end-of-run summary)
@@ -307,6 +326,8 @@ class RolloutService:
         import ray
 
         self.rollouter.stop()
+        if self.healer is not None:
+            self.healer.close()
         for engine in self.engines:
             handle = getattr(engine, "handle", None)
             try:
@@ -337,8 +358,14 @@ class RolloutService:
     # ------------------------------------------------------------------ sync
     async def pause_for_sync(self) -> None:
         await self.rollouter.pause_for_sync()
+        if self.healer is not None:  # restarted replicas waiting for weights get this sync's too, then rejoin
+            self._sync_members = sorted(set(self.rollouter.health.serving()) | set(self.healer.awaiting_weights()))
 
     async def resume_after_sync(self, version: int) -> None:
+        members, self._sync_members = self._sync_members, None
+        for index in members or []:
+            if self.healer is not None and index in self.healer.awaiting:
+                await self.healer.rejoin(index, version)
         await self.rollouter.resume_after_sync(version)
 
     async def weight_sync(self, transport: str, step: str, *args: Any, **kwargs: Any) -> Any:
@@ -347,8 +374,59 @@ class RolloutService:
 
     @property
     def sync_engines(self) -> list[InferenceEngine]:
-        """The replicas weight sync reaches: those in rotation (one taken out may be broken or dead)."""
-        return [self.engines[i] for i in self.rollouter.health.serving()]
+        """The replicas weight sync reaches: those in rotation (one taken out may be broken or dead), and those that
+        restarted and wait for weights (fixed when the sync paused generation)."""
+        if self._sync_members is None:
+            return [self.engines[i] for i in self.rollouter.health.serving()]
+        healer = self.healer
+        return [healer.engine_of(i) if healer is not None and i in healer.awaiting else self.engines[i]
+                for i in self._sync_members]
+
+    def member_lost(self, engine: Any, exc: Exception) -> None:
+        """A replica died in a sync step (sync/ports.py): out of this sync, healed; the others' load goes on."""
+        index = int(getattr(engine, "index", -1))
+        if self._sync_members is not None and index in self._sync_members:
+            self._sync_members.remove(index)
+        reason = getattr(exc, "reason", str(exc))
+        if self.healer is not None and index in self.healer.awaiting:
+            self.healer.lost_awaiting(index, engine, f"lost while loading weights: {reason}")
+        else:
+            self.rollouter.replica_lost(index, reason, engine=engine)
+
+    # ------------------------------------------------------------------ healing (rollout/healing.py)
+    async def _restart_replica(self, index: int, engine: Any, kill: bool) -> Any:
+        from verl_async.rollout.replica import restart_replica
+
+        return await restart_replica(engine, kill=kill, timeout_s=replica_start_timeout_s(self.cfg))
+
+    def _end_replica(self, index: int, engine: Any) -> None:
+        from verl_async.rollout.replica import end_replica
+
+        end_replica(engine)
+
+    def replicas_awaiting_weights(self) -> dict[str, Any]:
+        """Restarted replicas waiting for the current weights, and how many serve (Trainer.serve_replica_heals)."""
+        awaiting = [] if self.healer is None else self.healer.awaiting_weights()
+        return {"awaiting": awaiting, "serving": len(self.rollouter.health.serving()), "version": self.rollouter.version}
+
+    def heal_begin(self, version: int) -> list[int]:
+        """The trainer pushes `version` to the replicas that wait now (no pause: the others keep generating)."""
+        return [] if self.healer is None else self.healer.begin_push(version)
+
+    async def heal_load(self, refs: list, version: int) -> None:
+        """One object-store bucket of that push, to each waiting replica alone."""
+        if self.healer is not None:
+            await self.healer.push_bucket(lambda e: e.weight_sync("object_store", "load", list(refs), version=version))
+
+    async def heal_end(self, version: int) -> int:
+        """Replicas whose every parameter this push wrote rejoin; returns how many."""
+        if self.healer is None:
+            return 0
+
+        async def complete(engine: Any) -> bool:
+            return not await engine.weight_sync("object_store", "unwritten", version=version)
+
+        return await self.healer.end_push(complete)
 
     def release_budget(self, groups: int) -> None:
         self.rollouter.release_budget(groups)
@@ -367,7 +445,12 @@ class RolloutService:
     def metrics(self) -> dict[str, float]:
         c = self.rollouter.counters
         wall = max(1e-9, time.monotonic() - self._run_started)
-        out = {f"rollout/{k}": float(v) for k, v in asdict(c).items()}
+        out = {f"rollout/{k}": float(v) for k, v in asdict(c).items() if not k.startswith("resume_")}
+        if self.resume_saved_tokens is not None:  # resumed from a checkpoint: what it held in flight, continued
+            out.update({"resume/saved_tokens": float(self.resume_saved_tokens),
+                        "resume/continued_tokens": float(c.resume_continued_tokens),
+                        "resume/continued_responses": float(c.resume_continued_responses),
+                        "resume/regenerated_tokens": float(c.resume_regenerated_tokens)})
         # no request of any kind (generation or validation) on any engine
         out["rollout/idle_ratio"] = max(0.0, 1.0 - self.rollouter.engine_busy.seconds() / wall)
         out["rollout/tokens_per_s"] = c.generated_tokens / wall
@@ -383,6 +466,8 @@ class RolloutService:
         if self.agent_loop is not None:
             out.update(self.agent_loop.stats.metrics())
         out.update(self.reward.metrics())
+        if self.healer is not None:
+            out.update(self.healer.metrics())
         stats = self.dataset.stats
         out["data/bad_rows"] = float(stats.bad_rows)
         out["data/filtered_overlong"] = float(stats.filtered_overlong)
@@ -441,7 +526,7 @@ class RolloutService:
         """
         ro = self.rollouter
         unstarted = self.source.pending()
-        pending = [asdict(t) for t in ro.pending_items() + unstarted]
+        pending = ro.pending_states() + [asdict(t) for t in unstarted]  # in flight: with their partial responses
         return {
             "iterator": self.iterator.state_dict(),
             "pending": pending,
@@ -456,6 +541,7 @@ class RolloutService:
         skip = set(queued_uids)
         redo = [PromptTask(**p) for p in state.get("pending", []) if p["uid"] not in skip]
         self.source.push_front(redo)
+        self.resume_saved_tokens = sum(model_tokens(s) for t in redo for s in t.resume.values())
         self.rollouter.version = int(state.get("version", 0))
         # total_rollout_steps counts over the whole run: the redone prompts start again
         self.rollouter.counters.started_groups = int(state.get("started_groups", 0)) - len(redo)

@@ -30,7 +30,8 @@ import numpy as np
 from verl_async.config.derived import VAL_TIMEOUT_RULE
 from verl_async.rollout.agent_loop import reward_extra_info
 from verl_async.rollout.agent_stats import AgentStats
-from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
+from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
+from verl_async.rollout.health import ReplicaLost
 from verl_async.utils.busy_clock import BusyClock
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.val_generations import VAL_GENERATIONS_KEY, val_generations
@@ -177,9 +178,12 @@ class Validator:
                 engine = timed[(item.index * k + j) % len(engines)]
                 seeded = replace(sampling, seed=validation_seed(sampling.seed, item.index, j))
                 req = GenerateRequest(self._request_id(version, item.index, j), list(item.prompt_ids), seeded)
-                if self.agent_loop is not None:
-                    return await self.agent_loop.run_request(engine, req, item, agent_stats)
-                return await engine.generate(req)
+                try:
+                    if self.agent_loop is not None:
+                        return await self.agent_loop.run_request(engine, req, item, agent_stats)
+                    return await engine.generate(req)
+                except ReplicaLost as lost:  # its replica died: a missing sample, not a failed validation
+                    return GenerateResult(req.request_id, [], [], [], "abort", error=str(lost))
 
         items = list(self.dataset)
         results = await asyncio.gather(*(one(item, j) for item in items for j in range(k)))

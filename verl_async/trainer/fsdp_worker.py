@@ -44,6 +44,7 @@ from verl_async.trainer.attention import resolve_attn_implementation
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
 from verl_async.trainer.hf_export import HF_SUBDIR
 from verl_async.trainer.common import DTYPES, RankBase, eval_mode, log_prob_model
+from verl_async.trainer.faults import die_in_update
 from verl_async.trainer.rank_results import METRIC_KEYS, LogProbRows, UpdateStats, nonfinite_grads
 from verl_async.trainer.loss import LossConfig, guarded_actor_loss, student_topk
 from verl_async.trainer.lr_schedule import build_lr_scheduler
@@ -292,6 +293,7 @@ class FSDPWorker(RankBase):
         `profile={"dir": ..., "tag": ...}` runs this step under torch.profiler: the trace goes to
         `dir/<tag>_rank<r>.json.gz`, the summary to `perf/profile` (verl_async.utils.profile_summary).
         """
+        die_in_update(self.config, self.rank, self.global_step + 1)  # debug.fail_trainer (fault drills)
         if not profile:
             return self._update(batch, plans, loss_keys)
         from verl_async.utils.profile_summary import profile_call

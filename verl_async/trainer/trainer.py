@@ -43,6 +43,7 @@ from verl_async.off_policy import must_wait, trajectory_metrics
 from verl_async.staleness import exceeds_max_staleness
 from verl_async.sync import TIMEOUT_KEY as SYNC_TIMEOUT_KEY
 from verl_async.sync import build_sync_from_config, sync_timeout_s
+from verl_async.trainer.faults import die_in_sync
 from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
 from verl_async.trainer.settings import WORKER_TIMEOUT_S
 from verl_async.utils.timeline import Timeline
@@ -163,6 +164,7 @@ class Trainer:
         self.last: dict[str, float] = {}
         self.val_history: list[dict[str, float]] = []
         self.val_failures: list[dict[str, Any]] = []  # {"version", "error"}: logged, training went on
+        self.fault_metrics: dict[str, float] = {}  # fault/trainer_* once this Trainer replaced one that died
         self._val_timeout_s: Optional[float] = None  # the Rollouter's, asked once
         self.val_async = bool(cfg.trainer.get("val_async", True))
         self._val_running: Optional[int] = None  # the version validating beside training (val_async)
@@ -197,15 +199,10 @@ class Trainer:
         if not path:
             open(self._trained_log, "w").close()
             return 0
-        extra = self.wg.load(path)
-        self.version, self.step = int(extra["version"]), int(extra["step"])
+        extra = self._load(path)
         self.resumed_from, self.start_step = path, self.step
-        self._version_step = {self.version: self.step}
-        self.tracker.resume(self.step)  # what the abandoned process logged after this step goes (docs/log_formats.md)
-        if str(self.cfg.algorithm.kl_ctrl.type) == "adaptive":  # fixed: the configured value, even if changed
-            self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
         queued = extra.get("queue", [])
-        self._call(self.queue.restore.remote(queued), "the queue's restore")
+        self._call(self.queue.restore.remote(queued, path), "the queue's restore")
         redo = 0
         if self.rollouter is not None and extra.get("rollouter") is not None:
             redo = self._call(self.rollouter.load_state_dict.remote(extra["rollouter"], [g["uid"] for g in queued]),
@@ -213,10 +210,35 @@ class Trainer:
         elif self.rollouter is not None:  # written by a train-only run (debug.load_rollout_data)
             logger.warning("%s holds no Rollouter state (a train-only checkpoint): the data starts at its beginning",
                            path)
-        self._truncate_trained_log(self.step)
-        logger.info("resumed from %s: version %d, step %d, %d queued groups, %d prompts to regenerate",
+        logger.info("resumed from %s: version %d, step %d, %d queued groups, %d prompts to continue",
                     path, self.version, self.step, len(queued), redo)
         return self.version
+
+    def restore_after_restart(self, path: Optional[str], start_step: int) -> int:
+        """The trainer side restarted (healing/trainer.py): the weights and counters of `path` (None: the model as
+        the run started), nothing else. The queue (rewound to that checkpoint) and the Rollouter lived on; their
+        groups count against it. `start_step`: where this run's process started (the summary counts from there)."""
+        if path:
+            self._load(path)
+        else:
+            self.version, self.step = 0, 0
+        self.start_step = int(start_step)
+        self.resumed_from = path
+        return self.version
+
+    def _load(self, path: str) -> dict:
+        extra = self.wg.load(path)
+        self.version, self.step = int(extra["version"]), int(extra["step"])
+        self._version_step = {self.version: self.step}
+        self.tracker.resume(self.step)  # what the abandoned process logged after this step goes (docs/log_formats.md)
+        if str(self.cfg.algorithm.kl_ctrl.type) == "adaptive":  # fixed: the configured value, even if changed
+            self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
+        self._truncate_trained_log(self.step)
+        return extra
+
+    def note_restart(self, restarts: int, recovery_s: float) -> None:
+        """This Trainer replaced one that died (healing/trainer.py): its metrics say so (fault/trainer_*)."""
+        self.fault_metrics = {"fault/trainer_restarts": float(restarts), "fault/trainer_recovery_s": float(recovery_s)}
 
     def _truncate_trained_log(self, step: int) -> None:
         """Keep the record of the `step` steps the checkpoint holds; later ones were lost with the crash."""
@@ -255,6 +277,7 @@ class Trainer:
 
     def _while_paused(self) -> dict[str, float]:
         """Checkpoint, then (val_async=false) validate: the checkpoint never waits on (or is lost with) a validation."""
+        die_in_sync(self.cfg, self.version)  # debug.fail_trainer's actor:die@sync<V> (fault drills)
         out: dict[str, float] = {}
         if self.save_freq > 0 and self.version % self.save_freq == 0 and self.version > 0:
             out["timing_s/save_checkpoint"] = self.save_checkpoint()
@@ -383,8 +406,33 @@ class Trainer:
         }
         prompts = (rollouter_state or {}).get("iterator", {}).get("num_items")
         info = run_facts(self.cfg, self.step, self.version, prompts, finished=finished)  # what a resume checks
-        self.wg.save_checkpoint(str(self.cfg.trainer.default_local_dir), extra, step=self.version, info=info)
+        path = self.wg.save_checkpoint(str(self.cfg.trainer.default_local_dir), extra, step=self.version, info=info)
+        # the groups taken so far are in it: a trainer restart rewinds the queue to here (healing/trainer.py)
+        self._call(self.queue.checkpointed.remote(path), "the queue's checkpoint mark")
         return time.perf_counter() - t0
+
+    def serve_replica_heals(self) -> None:
+        """Restarted engine replicas wait for the current weights (rollout/healing.py): while the trainer waits for
+        groups anyway and its weights are the engines' version, it pushes them to those replicas alone. When none
+        serves and its weights are ahead of the engines' (between syncs), no group can come before a sync: it syncs."""
+        if self.sync is None or self.rollouter is None:
+            return
+        state = self._call(self.rollouter.replicas_awaiting_weights.remote(), "the Rollouter's healing state")
+        if not state["awaiting"]:
+            return
+        if self.step % self.trigger == 0:  # right after a sync: these weights are the version the engines hold
+            from verl_async.sync.object_store import push_to_waiting_replicas
+
+            t0 = time.perf_counter()
+            joined = push_to_waiting_replicas(self.wg, self.rollouter, self.version,
+                                              int(self.cfg.async_training.sync_bucket_size_mb) << 20, self._call)
+            logger.warning("pushed version %d to restarted engine replica(s) %s in %.1f s; %d rejoined", self.version,
+                           state["awaiting"], time.perf_counter() - t0, joined)
+        elif not state["serving"]:
+            logger.warning("no engine replica serves and replica(s) %s wait for weights: syncing version %d early",
+                           state["awaiting"], self.version + 1)
+            self.version += 1
+            self.push_weights()
 
     def _next_groups(self) -> list[RolloutSample]:
         """Block for `required` groups; [] when the rollouter is done and the queue drained."""
@@ -396,6 +444,7 @@ class Trainer:
         try:
             self._wait_off_policy()
             while not self._stop.is_set():
+                self.serve_replica_heals()
                 try:
                     return self._call(self.queue.get_batch.remote(self.required, QUEUE_POLL_S, **order),
                                       "the queue's get_batch",
@@ -538,6 +587,7 @@ class Trainer:
             "fully_async/trainer_idle_ratio": self.wait_s / wall,
             "fully_async/dropped_stale_groups": float(self.dropped_stale),
             "perf/trained_tokens_per_s": self.trained_tokens / wall,
+            **self.fault_metrics,
         }
         if self.queue is not None:
             stats = self._call(self.queue.stats.remote(), "the queue's stats")
