@@ -5,12 +5,14 @@ sequences at once; both reach `canonical_attention` with the same layout: per se
 and values at their positions 0..span-1 (zeros past the sequence), queries as [S, kv heads,
 query heads per kv head, positions, D] with each query's position. Every query attends over
 all `span` key slots with the ones it may not see masked to -inf, so the softmax's max, the
-exp and both GEMMs have the same lengths and shapes on both sides, and a masked slot adds an
-exact 0. Queries go through in tiles of `tile` positions (decode pads its single query), so
-each GEMM entry has the fixed shape [heads per kv head x tile, D] x [D, span] and
-[.. x tile, span] x [span, D + 1]: the last column of `[V | 1]` gives the softmax's
-denominator from the same GEMM, so no row reduction of varying shape remains. The math runs
-in float32 (inputs upcast), the result in the query's dtype.
+exp and both reductions have the same lengths on both sides, and a masked slot adds an exact 0.
+
+On CPU both GEMMs are exact (`_attend_exact`, verl_async/invariant/exact.py): no call shape,
+thread count or BLAS can change a query's bits. On CUDA queries go through in tiles of `tile`
+positions (decode pads its single query), so each GEMM has the fixed shape
+[heads per kv head x tile, D] x [D, span] and [.. x tile, span] x [span, D + 1]: the last
+column of `[V | 1]` gives the softmax's denominator from the same GEMM (float32, inputs upcast).
+The result is in the query's dtype.
 
 Training needs gradients: `CanonicalAttention` returns this forward and differentiates the same
 function through torch's SDPA with the same mask (a gradient need not match bit for bit).
@@ -31,8 +33,10 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from verl_async.invariant import exact
 from verl_async.invariant.shapes import shapes_for
 
+EXACT_CHUNK_ELEMENTS = 1 << 22  # float64 scores per query chunk of the CPU forward (memory only)
 ATTENTION_NAME = "true_on_policy"
 SPAN_ATTR = "_true_on_policy_span"  # set on each attention module by model.make_invariant
 
@@ -48,6 +52,20 @@ def _allowed(q_pos: torch.Tensor, span: int, window: Optional[int]) -> torch.Ten
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
             window: Optional[int], tile: int) -> torch.Tensor:
+    """q [S, G, R, M, D], k/v [S, G, L, D], q_pos [S, M] -> [S, G, R, M, D]: CPU exact, else fixed tiles."""
+    if q.device.type == "cpu":
+        return _attend_exact(q, k, v, q_pos, scale, window)
+    M = q.shape[3]
+    pad = -M % tile
+    if pad:
+        q = F.pad(q, (0, 0, 0, pad))
+        q_pos = F.pad(q_pos, (0, pad))  # padding queries sit at position 0: one visible key, finite garbage
+    out = _attend_tiles(q, k, v, q_pos, scale, window, tile)
+    return out[:, :, :, :M] if pad else out
+
+
+def _attend_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
+                  window: Optional[int], tile: int) -> torch.Tensor:
     """q [S, G, R, M, D] (M a multiple of tile), k/v [S, G, L, D], q_pos [S, M] -> [S, G, R, M, D]."""
     S, G, R, M, D = q.shape
     L = k.shape[2]
@@ -62,6 +80,51 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tens
         weights = torch.exp(scores - scores.amax(-1, keepdim=True)).view(S * G, R * tile, L)
         acc = torch.bmm(weights, vx).view(S, G, R, tile, D + 1)
         out[:, :, :, t0 : t0 + tile] = (acc[..., :D] / acc[..., D:]).to(q.dtype)
+    return out
+
+
+def _attend_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
+                  window: Optional[int]) -> torch.Tensor:
+    """The CPU forward: both GEMMs exact (exact.py), so no call shape or BLAS can change a query's bits.
+
+    Scores: each query row on a grid of `53 - 24 - ceil(log2 D)` bits, each key row on a 24-bit grid,
+    one exact float64 GEMM. Softmax in float32 (elementwise), its denominator an exact sum. Values: the
+    probability of key l times 2^(e_l) (e_l: value row l's exponent, exact), that row on a grid of
+    `53 - 24 - ceil(log2 L)` bits in two slices, value rows on 24-bit grids: the numerator's GEMM is
+    exact too. Every grid comes from the query's own visible keys or one key's own data, so a decode
+    query against the cache and the same query in a training sequence get the same bits. Queries go
+    through in chunks only to bound memory (exact results do not depend on them).
+    """
+    S, G, R, M, D = q.shape
+    L = k.shape[2]
+    SG = S * G
+    k64, v64 = k.detach().to(torch.float64), v.detach().to(torch.float64)
+    ek, ev = exact.row_exponents(k64), exact.row_exponents(v64)  # [S, G, L, 1]
+    key_ints = exact.grid_slices(k64, ek, exact.WEIGHT_BITS, 1)[0].view(SG, L, D).transpose(1, 2)
+    value_ints = exact.grid_slices(v64, ev, exact.WEIGHT_BITS, 1)[0].view(SG, L, D)
+    key_scale = exact.pow2(ek - exact.WEIGHT_BITS).view(SG, 1, L)
+    value_up = exact.pow2(ev).view(SG, 1, L)
+    q_bits = exact.MANTISSA_BITS - exact.WEIGHT_BITS - exact.ceil_log2(D)
+    p_bits = exact.MANTISSA_BITS - exact.WEIGHT_BITS - exact.ceil_log2(L)
+    out = q.new_empty((S, G, R, M, D))
+    chunk = max(1, EXACT_CHUNK_ELEMENTS // max(1, SG * R * L))
+    for t0 in range(0, M, chunk):
+        c = min(chunk, M - t0)
+        q64 = q[:, :, :, t0 : t0 + c].detach().to(torch.float64)
+        eq = exact.row_exponents(q64)  # [S, G, R, c, 1]
+        q_ints = exact.grid_slices(q64, eq, q_bits, 1)[0].view(SG, R * c, D)
+        scores = exact.batched_gemm(q_ints, key_ints) * exact.pow2(eq - q_bits).view(SG, R * c, 1) * key_scale
+        scores = (scores * scale).to(torch.float32).view(S, G, R, c, L)
+        allowed = _allowed(q_pos[:, t0 : t0 + c], L, window)[:, None, None]  # [S, 1, 1, c, L]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        p = torch.exp(scores - scores.amax(-1, keepdim=True)).view(SG, R * c, L).to(torch.float64)
+        denominator = exact.sum_last(p)  # [SG, Rc, 1]
+        weighted = p * value_up  # exact: a power of two per key
+        ew = exact.row_exponents(weighted)
+        w_ints = exact.grid_slices(weighted, ew, p_bits, 2)  # [2, SG, Rc, L]
+        parts = exact.batched_gemm(w_ints.transpose(0, 1).reshape(SG, 2 * R * c, L), value_ints).view(SG, 2, R * c, D)
+        numerator = (parts[:, 0] + parts[:, 1] * 2.0 ** -p_bits) * exact.pow2(ew - p_bits - exact.WEIGHT_BITS)
+        out[:, :, :, t0 : t0 + c] = (numerator / denominator).view(S, G, R, c, D).to(q.dtype)
     return out
 
 
@@ -98,18 +161,11 @@ class CanonicalAttention(torch.autograd.Function):
 
 def canonical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, *, scale: float,
                         window: Optional[int] = None) -> torch.Tensor:
-    """q [S, G, R, M, D], k/v [S, G, span, D], q_pos [S, M] -> [S, G, R, M, D]; M is padded to the tile here."""
+    """q [S, G, R, M, D], k/v [S, G, span, D], q_pos [S, M] -> [S, G, R, M, D] (on CUDA M is padded to the tile)."""
     tile = shapes_for(q.device).attn_tile
-    M = q.shape[3]
-    pad = -M % tile
-    if pad:
-        q = F.pad(q, (0, 0, 0, pad))
-        q_pos = F.pad(q_pos, (0, pad))  # padding queries sit at position 0: one visible key, finite garbage
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out = CanonicalAttention.apply(q, k, v, q_pos, float(scale), window, tile)
-    else:  # the engine: the same forward without autograd's bookkeeping
-        out = _attend(q, k, v, q_pos, float(scale), window, tile)
-    return out[:, :, :, :M] if pad else out
+        return CanonicalAttention.apply(q, k, v, q_pos, float(scale), window, tile)
+    return _attend(q, k, v, q_pos, float(scale), window, tile)  # the engine: no autograd bookkeeping
 
 
 # ---------------------------------------------------------------- layouts

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from verl_async.invariant import attention
+from verl_async.invariant import attention, exact
 from verl_async.invariant.ops import linear, rms_norm, silu
 from verl_async.invariant.shapes import shapes_for
 
@@ -52,8 +52,25 @@ def invariant_problem(model: torch.nn.Module) -> Optional[str]:
     return None
 
 
+GRID_ATTR = "_true_on_policy_grid"  # (weight identity, exact.WeightGrid) on a Linear whose owner keeps grids
+
+
+def _weight_grid(module: torch.nn.Linear) -> Optional[exact.WeightGrid]:
+    """The weight's exact grid, kept on the module while the weight's storage and version counter are unchanged
+    (an in-place refit such as the engine's `param.copy_` bumps the counter); None where not kept."""
+    cached = getattr(module, GRID_ATTR, None)
+    if cached is None or module.weight.device.type != "cpu":
+        return None
+    w = module.weight
+    key = (w.data_ptr(), w._version, tuple(w.shape), w.dtype)
+    if cached[0] != key:
+        cached = (key, exact.weight_grid(w))
+        setattr(module, GRID_ATTR, cached)
+    return cached[1]
+
+
 def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias, shapes_for(x.device, x.dtype).linear_rows)
+    return linear(x, self.weight, self.bias, shapes_for(x.device).linear_rows, _weight_grid(self))
 
 
 def _norm_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -72,8 +89,11 @@ def _is_rms_norm(module: torch.nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor)
 
 
-def make_invariant(model: torch.nn.Module, span: int) -> torch.nn.Module:
-    """Patch `model` in place (see the module docstring); `span` from `attention_span`. Returns the model."""
+def make_invariant(model: torch.nn.Module, span: int, *, keep_weight_grids: bool = False) -> torch.nn.Module:
+    """Patch `model` in place (see the module docstring); `span` from `attention_span`. Returns the model.
+
+    `keep_weight_grids` (the engine, whose weights change only by refits): each CPU linear keeps its weight's
+    exact grid (float64, twice the float32 weight's memory) instead of rebuilding it every call."""
     problem = invariant_problem(model)
     if problem is not None:
         raise ValueError(f"actor_rollout_ref.rollout.true_on_policy: {problem}")
@@ -85,6 +105,8 @@ def make_invariant(model: torch.nn.Module, span: int) -> torch.nn.Module:
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             module.forward = types.MethodType(_linear_forward, module)
+            if keep_weight_grids:
+                setattr(module, GRID_ATTR, (None, None))
         elif _is_rms_norm(module):
             module.forward = types.MethodType(_norm_forward, module)
         if isinstance(getattr(module, "act_fn", None), torch.nn.Module) and hasattr(module, "down_proj"):

@@ -90,7 +90,7 @@ class ModelRunner:
             if compile_decode:
                 raise ValueError("native engine: compile_decode cannot run in true on-policy mode (fusions change the "
                                  "arithmetic); drop engine_kwargs.native.compile_decode")
-            make_invariant(model, true_on_policy_span)
+            make_invariant(model, true_on_policy_span, keep_weight_grids=True)
             slot_len, fast_decode = int(true_on_policy_span), False
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in SUPPORTED_ATTENTION and not self.invariant:
