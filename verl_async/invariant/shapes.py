@@ -4,11 +4,10 @@ A GEMM, a row reduction or a softmax gives a row a result that may depend on how
 the call has (the library picks its algorithm, blocking and thread split from the shape). The
 rollout engine decodes a handful of rows; the trainer forwards thousands.
 
-On CPU that is answered by exactness, not by shapes: the linear layers' and attention's GEMMs and
-the norm's sum are exact (exact.py), so no row count, thread count, BLAS library or processor can
-change a row's bits, and no process setting is needed. The one CPU kernel left on fixed shapes is
-the sampled token's log-prob (`logprob_rows`; torch's own reduction, no BLAS: over a [rows >= 2, V]
-tensor each row runs one serial loop whose order depends only on V and the CPU's vector width).
+On CPU that is answered by exactness, not by shapes: the linear layers' and attention's GEMMs,
+the norm's and the softmaxes' sums are exact (exact.py), so no row count, thread count or BLAS
+library can change a row's bits, and no process setting is needed (CPU chunk sizes below only
+bound memory).
 
 On CUDA every call that computes a reported number has one of the fixed shapes below, padding the
 last chunk, so row r gets the same bits whatever else shares its call and wherever it sits in it.
@@ -39,7 +38,7 @@ class Shapes:
     `linear_rows`: rows of one GEMM of a linear layer (None: exact, CPU). `attn_tile`: query positions of
     one sequence per attention GEMM (decode pads its one position up to it; CPU: exact, no tiles).
     `reduce_rows`: rows of one norm-variance reduction (None: exact, CPU). `logprob_rows`: rows of one
-    log-softmax chunk.
+    log-softmax chunk (CPU: memory only).
     """
 
     linear_rows: Optional[int]
