@@ -155,6 +155,9 @@ def test_same_version_metrics_separate_the_kernels_gap_from_policy_drift():
     assert metrics["mismatch/same_version_logprob_abs_diff_max"] == 0.0
     assert metrics["mismatch/same_version_logprob_abs_diff"] == 0.0
     assert metrics["mismatch/same_version_token_frac"] == pytest.approx(1 - 2 / int(mask.sum()))
+    # the correction's view: weights != 1 only on the two stale tokens (default: token-level truncation)
+    assert metrics["mismatch/same_version_weight_dev_max"] == 0.0
+    assert metrics["mismatch/weight_min"] == pytest.approx(float(torch.exp(torch.tensor(-GAP))))
 
 
 def test_same_version_metrics_are_absent_when_no_token_has_the_trainers_version():

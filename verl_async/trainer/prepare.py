@@ -170,7 +170,8 @@ def nonzero_advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor, eps:
 
 
 def correction_inputs(
-    old: torch.Tensor, rollout: Optional[torch.Tensor], mask: torch.Tensor, settings: RolloutCorrectionSettings
+    old: torch.Tensor, rollout: Optional[torch.Tensor], mask: torch.Tensor, settings: RolloutCorrectionSettings,
+    same_version: Optional[torch.Tensor] = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """The loss mask (and `is_weights` when the correction is on) and the `mismatch/*` metrics.
 
@@ -183,7 +184,7 @@ def correction_inputs(
     """
     if rollout is None:
         return {"loss_mask": mask.float()}, {}
-    weights, kept, metrics = rollout_correction(old, rollout, mask, **settings.kwargs())
+    weights, kept, metrics = rollout_correction(old, rollout, mask, **settings.kwargs(), same_version=same_version)
     out = {f"mismatch/{k}": v for k, v in metrics.items()}
     if not settings.enable:
         return {"loss_mask": mask.float()}, out
@@ -228,6 +229,7 @@ def prepare_batch(
         metrics.update(mismatch_metrics(old, rollout, mask, same_version))
     else:
         old = rollout.clone()
+        same_version = None
     batch["old_log_probs"] = old
     ref = None
     if algo.use_reference:
@@ -240,7 +242,7 @@ def prepare_batch(
     metrics.update(adv_metrics)
     metrics.update(nonzero_advantage_metrics(advantages, mask))
     tensors, correction_metrics = correction_inputs(old, rollout if algo.recompute_old_log_probs else None, mask,
-                                                    algo.correction)
+                                                    algo.correction, same_version)
     batch.update(tensors)
     metrics.update(correction_metrics)  # after mismatch_metrics: the correction's values of shared keys win
     return metrics, next_coef
