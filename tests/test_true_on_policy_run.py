@@ -75,7 +75,7 @@ def run_metrics(tmp_path, model_dir: str, train_file: str, on: bool, schedule: l
     with open(run_dir / "metrics.jsonl") as f:
         lines = [json.loads(line)["data"] for line in f if line.strip()]
     logged = [m for m in lines if "mismatch/train_rollout_logprob_abs_diff_max" in m]
-    assert len(steps) == steps, f"{len(steps)} trainer steps logged, expected {steps}"
+    assert len(logged) == steps, f"{len(logged)} trainer steps logged, expected {steps}"
     return logged
 
 

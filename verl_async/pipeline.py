@@ -95,10 +95,10 @@ def ray_init(cfg: Any) -> bool:
         "PYTHONPATH": python_path,
         CACHE_KEY: cache_root(),
     }
-    if cfg.actor_rollout_ref.rollout.get("true_on_policy"):  # BLAS settings read at process start
-        from verl_async.invariant.shapes import PROCESS_ENV
+    if cfg.actor_rollout_ref.rollout.get("true_on_policy"):  # cuBLAS settings read at start / the CPU kind
+        from verl_async.invariant.shapes import worker_env
 
-        env.update(PROCESS_ENV)
+        env.update(worker_env(str(cfg.trainer.device)))
     if address:
         check_ray_address(cfg)
         try:

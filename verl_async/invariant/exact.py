@@ -79,9 +79,21 @@ def grid_slices(a: torch.Tensor, e: torch.Tensor, bits: int, slices: int) -> tor
 def activation_bits(k: int) -> int:
     """Bits per activation slice for a reduction of length k (exact: k * 2^(bits + WEIGHT_BITS) <= 2^53)."""
     bits = MANTISSA_BITS - WEIGHT_BITS - ceil_log2(k)
-    if bits < 8:
+    if bits < MIN_BITS:
         raise ValueError(f"true_on_policy exact linear: a reduction of length {k} is too long for exact float64 sums")
     return bits
+
+
+MIN_BITS = 8
+
+
+def length_problem(lengths: dict[str, int]) -> Optional[str]:
+    """Why a reduction of one of these lengths (name -> length) cannot be summed exactly here, or None."""
+    for name, k in lengths.items():
+        if MANTISSA_BITS - WEIGHT_BITS - ceil_log2(k) < MIN_BITS:
+            return (f"{name}={k} is longer than exact float64 sums allow "
+                    f"(<= {2 ** (MANTISSA_BITS - WEIGHT_BITS - MIN_BITS)})")
+    return None
 
 
 def activation_slices(k: int) -> int:

@@ -34,8 +34,8 @@ def attention_span(max_model_len: int) -> int:
     return -(-int(max_model_len) // SPAN_MULTIPLE) * SPAN_MULTIPLE
 
 
-def invariant_problem(model: torch.nn.Module) -> Optional[str]:
-    """Why `make_invariant` cannot serve this model, or None."""
+def invariant_problem(model: torch.nn.Module, span: Optional[int] = None) -> Optional[str]:
+    """Why `make_invariant` cannot serve this model (with attention over `span` keys), or None."""
     config = model.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     kind = getattr(text, "model_type", None)
@@ -49,7 +49,13 @@ def invariant_problem(model: torch.nn.Module) -> Optional[str]:
     for name, buf in model.named_buffers():
         if name.endswith("inv_freq") and buf.dtype != torch.float32:
             return f"rotary buffer {name} is {buf.dtype}, not float32"
-    return None
+    heads = getattr(text, "num_attention_heads", 1)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    lengths = {"hidden_size": text.hidden_size, "intermediate_size": getattr(text, "intermediate_size", 1),
+               "num_attention_heads * head_dim": heads * head_dim}
+    if span is not None:
+        lengths["the attention span (prompt + response length)"] = int(span)
+    return exact.length_problem(lengths)
 
 
 GRID_ATTR = "_true_on_policy_grid"  # (weight identity, exact.WeightGrid) on a Linear whose owner keeps grids
@@ -94,7 +100,7 @@ def make_invariant(model: torch.nn.Module, span: int, *, keep_weight_grids: bool
 
     `keep_weight_grids` (the engine, whose weights change only by refits): each CPU linear keeps its weight's
     exact grid (float64, twice the float32 weight's memory) instead of rebuilding it every call."""
-    problem = invariant_problem(model)
+    problem = invariant_problem(model, span)
     if problem is not None:
         raise ValueError(f"actor_rollout_ref.rollout.true_on_policy: {problem}")
     name = attention.register()

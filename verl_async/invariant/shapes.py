@@ -29,6 +29,21 @@ PROCESS_ENV = {
     "CUBLAS_WORKSPACE_CONFIG": ":16:8",
     "CUBLASLT_WORKSPACE_SIZE": "1",
 }
+# CPU: the driver's torch CPU capability (AVX2, AVX512, ...), handed to every worker (pipeline.ray_init). The sums
+# are exact anywhere, but torch's vectorized exp/log/division kernels are chosen per capability: an engine and a
+# trainer on CPUs of different capabilities could round an element differently, so such a worker refuses.
+CPU_CAPABILITY_ENV = "VERL_ASYNC_TRUE_ON_POLICY_CPU_CAPABILITY"
+
+
+def cpu_capability() -> str:
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def worker_env(device_kind: str) -> dict[str, str]:
+    """What the pipeline sets in its Ray workers' environment for the mode on `device_kind`."""
+    if device_kind == "cpu":
+        return {CPU_CAPABILITY_ENV: cpu_capability()}
+    return dict(PROCESS_ENV)
 
 
 @dataclass(frozen=True)
@@ -63,8 +78,12 @@ def shapes_for(device: Union[str, torch.device]) -> Shapes:
 
 
 def environment_problem(device_kind: str) -> Optional[str]:
-    """Why this process cannot compute true-on-policy numbers on `device_kind`, or None (CPU needs nothing)."""
+    """Why this process cannot compute true-on-policy numbers on `device_kind`, or None."""
     if device_kind == "cpu":
+        want = os.environ.get(CPU_CAPABILITY_ENV)
+        if want and want != cpu_capability():
+            return (f"actor_rollout_ref.rollout.true_on_policy: this worker's CPU runs torch's {cpu_capability()} "
+                    f"kernels and the driver's {want}: engine and trainer must run on CPUs of one capability")
         return None
     wrong = [n for n in PROCESS_ENV if os.environ.get(n) != PROCESS_ENV[n]]
     if not wrong:
