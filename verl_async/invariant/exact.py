@@ -55,6 +55,15 @@ def pow2(exponent: torch.Tensor) -> torch.Tensor:
     return ((e + 1023) << 52).view(torch.float64)
 
 
+ROUNDER = 1.5 * 2.0 ** 52  # (s + ROUNDER) - ROUNDER rounds s to the nearest integer (ties to even) for |s| < 2^51
+
+
+def round_to_integer(s: torch.Tensor) -> torch.Tensor:
+    """`torch.round` of float64 values below 2^51 in magnitude, by IEEE addition alone: the same bits on any
+    machine, and fast (torch.round of float64 values of 2^19-2^22 measured 1000x slower on this CPU)."""
+    return (s + ROUNDER).sub_(ROUNDER)
+
+
 def row_exponents(a: torch.Tensor) -> torch.Tensor:
     """[..., K] float64 -> [..., 1] int64 `e` with max|a| < 2^e (0 for an all-zero row)."""
     _, e = torch.frexp(a.abs().amax(-1, keepdim=True))
@@ -69,7 +78,7 @@ def grid_slices(a: torch.Tensor, e: torch.Tensor, bits: int, slices: int) -> tor
     s = a * pow2(bits - e)
     out = []
     for j in range(slices):
-        hi = torch.round(s)
+        hi = round_to_integer(s)
         out.append(hi)
         if j + 1 < slices:
             s = (s - hi).mul_(2.0 ** bits)
@@ -149,6 +158,6 @@ def sum_last(a: torch.Tensor, length: Optional[int] = None) -> torch.Tensor:
     largest element: the same bits in any order. `length` (default: the dim's size) fixes the grid when the
     row may carry zero padding that the other side does not: a sum over a longer span must use its length."""
     length = a.shape[-1] if length is None else length
-    bits = MANTISSA_BITS - ceil_log2(length)
+    bits = min(MANTISSA_BITS - ceil_log2(length), 50)
     e = row_exponents(a)
-    return torch.round(a * pow2(bits - e)).sum(-1, keepdim=True) * pow2(e - bits)
+    return round_to_integer(a * pow2(bits - e)).sum(-1, keepdim=True) * pow2(e - bits)
