@@ -66,7 +66,8 @@ def round_to_integer(s: torch.Tensor) -> torch.Tensor:
 
 def row_exponents(a: torch.Tensor) -> torch.Tensor:
     """[..., K] float64 -> [..., 1] int64 `e` with max|a| < 2^e (0 for an all-zero row)."""
-    _, e = torch.frexp(a.abs().amax(-1, keepdim=True))
+    low, high = torch.aminmax(a, dim=-1, keepdim=True)  # one pass, no |a| copy
+    _, e = torch.frexp(torch.maximum(high, low.neg_()))
     return e.to(torch.int64)
 
 
@@ -76,13 +77,12 @@ def grid_slices(a: torch.Tensor, e: torch.Tensor, bits: int, slices: int) -> tor
     |s_0| <= 2^bits, |s_j| <= 2^(bits-1) after it; every step is exact (power-of-two scaling,
     rounding to an integer, subtracting it)."""
     s = a * pow2(bits - e)
-    out = []
+    out = torch.empty((slices, *a.shape), dtype=torch.float64, device=a.device)
     for j in range(slices):
-        hi = round_to_integer(s)
-        out.append(hi)
+        hi = torch.add(s, ROUNDER, out=out[j]).sub_(ROUNDER)  # round_to_integer, into its slot
         if j + 1 < slices:
-            s = (s - hi).mul_(2.0 ** bits)
-    return torch.stack(out)
+            s.sub_(hi).mul_(2.0 ** bits)
+    return out
 
 
 def activation_bits(k: int) -> int:
