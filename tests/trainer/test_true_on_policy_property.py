@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from onpolicy_helpers import TEMPERATURE, batch_of, engine_for, log_probs, rank, run_requests, train_step
 
-from verl_async.models.tiny import build_tiny_model_dir
-from verl_async.rollout.engine import GenerateRequest, GenerateResult, SamplingParams
+pytest.importorskip("hypothesis")  # the GPU machine needs it carried (docs/true_on_policy.md)
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from onpolicy_helpers import TEMPERATURE, batch_of, engine_for, log_probs, rank, run_requests, train_step  # noqa: E402
+
+from verl_async.models.tiny import build_tiny_model_dir  # noqa: E402
+from verl_async.rollout.engine import GenerateRequest, GenerateResult, SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
