@@ -67,7 +67,7 @@ def _fixed_rows_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: Optional[t
 
 
 class _InvariantLinear(torch.autograd.Function):
-    """Forward in fixed row chunks; backward with whole-tensor GEMMs (F.linear's gradient)."""
+X
 
     @staticmethod
     def forward(ctx, x, weight, bias, rows, grid):  # type: ignore[override]
