@@ -67,7 +67,8 @@ def _fixed_rows_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: Optional[t
 
 
 class _InvariantLinear(torch.autograd.Function):
-X
+    """Forward: `_forward` (exact on CPU, fixed row chunks elsewhere); backward with whole-tensor GEMMs
+    (F.linear's gradient)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, rows, grid):  # type: ignore[override]
