@@ -371,7 +371,7 @@ def main(argv=None) -> int:
     if args.true_on_policy:
         from verl_async.invariant import PROCESS_ENV
 
-        os.environ.update(PROCESS_ENV)  # the Ray workers started below inherit it (read when their BLAS starts)
+        os.environ.update(PROCESS_ENV)  # the Ray workers started below inherit it (read when cuBLAS starts)
         args.set += ["actor_rollout_ref.rollout.true_on_policy=true", f"data.max_prompt_length={args.prompt_len[1]}",
                      f"data.max_response_length={args.response_len[1]}"]
     shape = TINY if args.tiny else QWEN25_05B

@@ -152,10 +152,10 @@ def ray_runtime_env(cfg: Any) -> dict:
     for name in LOGGER_ENV:  # verl's logger locations, as the driver means them (a relative path: its cwd)
         if os.environ.get(name):
             env[name] = os.path.abspath(os.path.expanduser(os.environ[name]))
-    if cfg.actor_rollout_ref.rollout.get("true_on_policy"):  # BLAS settings read at process start
-        from verl_async.invariant.shapes import PROCESS_ENV
+    if cfg.actor_rollout_ref.rollout.get("true_on_policy"):  # cuBLAS settings read at start / the CPU kind
+        from verl_async.invariant.shapes import worker_env
 
-        env.update(PROCESS_ENV)
+        env.update(worker_env(str(cfg.trainer.device)))
     ray_init_cfg = cfg.get("ray_init") or {}
     extra = ray_init_cfg.get("runtime_env") or {}
     if OmegaConf.is_config(extra):

@@ -160,6 +160,12 @@ def check_model_folder(cfg: DictConfig) -> None:
             raise ConfigError("actor_rollout_ref.rollout.true_on_policy",
                               f"model type {kind!r} of {given} is not one of {MODEL_TYPES}; its kernels have no "
                               "batch-invariant twin here")
+        from verl_async.invariant.exact import length_problem
+
+        sizes = {k: int(hf_config[k]) for k in ("hidden_size", "intermediate_size") if isinstance(hf_config.get(k), int)}
+        problem = length_problem(sizes)
+        if problem is not None:
+            raise ConfigError("actor_rollout_ref.rollout.true_on_policy", f"{given}: {problem}")
 
 
 def _read_json(path: str) -> Any:

@@ -83,6 +83,14 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
+def same_version_tokens(token_versions: torch.Tensor, version: int, local_updates: int = 0) -> torch.Tensor:
+    """[B, T] bool: the tokens sampled by exactly the weights the trainer recomputes with. Engines only
+    ever hold pushed versions, so after a local optimizer step (not pushed yet) there are none."""
+    if local_updates:
+        return torch.zeros_like(token_versions, dtype=torch.bool)
+    return token_versions == version
+
+
 def mismatch_metrics(
     old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, same_version: Optional[torch.Tensor] = None
 ) -> dict[str, float]:
@@ -167,7 +175,8 @@ def nonzero_advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor, eps:
 
 
 def correction_inputs(
-    old: torch.Tensor, rollout: Optional[torch.Tensor], mask: torch.Tensor, settings: RolloutCorrectionSettings
+    old: torch.Tensor, rollout: Optional[torch.Tensor], mask: torch.Tensor, settings: RolloutCorrectionSettings,
+    same_version: Optional[torch.Tensor] = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """The loss mask (and `is_weights` when the correction is on) and the `mismatch/*` metrics.
 
@@ -180,7 +189,7 @@ def correction_inputs(
     """
     if rollout is None:
         return {"loss_mask": mask.float()}, {}
-    weights, kept, metrics = rollout_correction(old, rollout, mask, **settings.kwargs())
+    weights, kept, metrics = rollout_correction(old, rollout, mask, **settings.kwargs(), same_version=same_version)
     out = {f"mismatch/{k}": v for k, v in metrics.items()}
     if not settings.enable:
         return {"loss_mask": mask.float()}, out
@@ -200,12 +209,16 @@ def prepare_batch(
     kl_coef: float,
     logprob_span: Callable[[], ContextManager] = contextlib.nullcontext,
     version: Optional[int] = None,
+    local_updates: int = 0,
 ) -> tuple[dict[str, float], float]:
     """Adds `old_log_probs`, `ref_log_prob` (when used), `advantages`, `loss_mask` and
     `is_weights` (correction on) to the batch in place; returns (metrics, next KL coefficient).
 
     `logprob_span` wraps the old log-prob forward (the Trainer's timeline span); `version` is the
-    trainer's weight version, which with the batch's `token_versions` splits the mismatch metrics.
+    last weight version the trainer pushed to the engines, which with the batch's `token_versions`
+    splits the mismatch metrics. `local_updates` counts the optimizer steps the trainer took since
+    that push (`trigger_parameter_sync_step > 1`): then its weights are ahead of every version a
+    token can carry, and no token is of its version (tokens of `version` drifted by those steps).
     """
     mask = batch["response_mask"]
     metrics: dict[str, float] = {}
@@ -218,10 +231,11 @@ def prepare_batch(
         metrics["actor/entropy"] = _masked_mean(entropy, mask)
         same_version = None
         if version is not None and "token_versions" in batch.keys():
-            same_version = batch["token_versions"] == version
+            same_version = same_version_tokens(batch["token_versions"], version, local_updates)
         metrics.update(mismatch_metrics(old, rollout, mask, same_version))
     else:
         old = rollout.clone()
+        same_version = None
     batch["old_log_probs"] = old
     t1 = time.perf_counter()
     ref = None
@@ -240,7 +254,7 @@ def prepare_batch(
     metrics.update(adv_metrics)
     metrics.update(nonzero_advantage_metrics(advantages, mask))
     tensors, correction_metrics = correction_inputs(old, rollout if algo.recompute_old_log_probs else None, mask,
-                                                    algo.correction)
+                                                    algo.correction, same_version)
     batch.update(tensors)
     metrics.update(correction_metrics)  # after mismatch_metrics: the correction's values of shared keys win
     return metrics, next_coef

@@ -152,6 +152,7 @@ class Trainer:
         )
         self.version = 0
         self.step = 0
+        self.local_updates = 0  # optimizer steps since the last push: the engines do not have these weights yet
         self.start_step = 0  # the step restore() resumed at: this process trains steps start_step+1 ...
         # the trainer step at which each weight version was made: the x of its validation (metrics go by step)
         self._version_step: dict[int, int] = {0: 0}
@@ -259,6 +260,7 @@ class Trainer:
     def push_weights(self, with_hooks: bool = True) -> dict[str, float]:
         """Sync weights at the current version: a validation still running ends first, the checkpoint (and with
         val_async=false the validation) happens while generation is paused; a due validation starts after."""
+        self.local_updates = 0  # (a failed push ends the run) the engines get the trainer's weights as they are
         if self.sync is None:
             if self.rollouter is not None:  # rollout-only: no weights, just reopen the budget
                 get_within(self.rollouter.resume_after_sync.remote(self.version), sync_timeout_s(self.cfg),
@@ -612,10 +614,11 @@ class Trainer:
         if self.wg is None:  # rollout-only
             return metrics
         prepared, self.kl_coef = prepare_batch(batch, self.algorithm, self.wg, self.kl_coef, self._logprob_span,
-                                                 version=self.version)
+                                                 version=self.version, local_updates=self.local_updates)
         metrics.update(prepared)
         t1 = time.perf_counter()
         metrics.update(self.wg.update(update_input(batch, self.algorithm.recompute_old_log_probs)))
+        self.local_updates += 1
         t2 = time.perf_counter()
         self._save_train_output(batch, metrics)
         mask_tokens = int(batch["attention_mask"].sum())

@@ -16,8 +16,9 @@ models decode through the HF forward.
 `true_on_policy_span` (true on-policy mode, verl_async.invariant): the model is patched with the
 batch-invariant kernels the trainer uses, prefill and decode both run the HF forward (no
 FastDecoder, no torch.compile: fusions change the arithmetic), cache slots hold `span` positions
-and every decode step attends over all of them (one KV length: the attention's reductions have
-the trainer's shapes). CUDA graphs stay: they replay those same kernels.
+and on CUDA every decode step attends over all of them (one KV length: the attention's reductions
+have the trainer's shapes; on CPU its sums are exact, so a step reads only the keys in use). CUDA
+graphs stay: they replay those same kernels.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class ModelRunner:
             if compile_decode:
                 raise ValueError("native engine: compile_decode cannot run in true on-policy mode (fusions change the "
                                  "arithmetic); drop engine_kwargs.native.compile_decode")
-            make_invariant(model, true_on_policy_span)
+            make_invariant(model, true_on_policy_span, keep_weight_grids=True)
             slot_len, fast_decode = int(true_on_policy_span), False
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in SUPPORTED_ATTENTION and not self.invariant:
@@ -285,7 +286,7 @@ class ModelRunner:
     def kv_len_for(self, max_position: int) -> int:
         """Keys a decode step reads per row: exact in eager mode, bucketed when replaying graphs."""
         need = max_position + 1
-        if self.invariant:
+        if self.invariant and self.device.kind != "cpu":  # CUDA's fixed shapes; CPU's exact sums read what is used
             return self.cache.slot_len
         if not self.static_decode:
             return need
