@@ -75,7 +75,8 @@ def test_grpo_advantages_without_std_are_the_scores_minus_the_group_mean():
     adv, metrics, coef = step_advantages(algorithm(), scores, group_index, mask, old, None, kl_coef=0.1)
     expected = torch.tensor([[0.5, 0.5], [-0.5, 0.0], [0.0, 0.0], [0.0, 0.0]])
     assert torch.allclose(adv, expected)
-    assert metrics == pytest.approx({"critic/advantages/mean": (1.0 - 0.5) / 7, "critic/advantages/max": 0.5})
+    assert metrics == pytest.approx({"critic/advantages/mean": (1.0 - 0.5) / 7, "critic/advantages/max": 0.5,
+                                     "critic/advantages/min": -0.5})
     assert coef == 0.1
 
 
