@@ -50,17 +50,9 @@
 # stashed like the model's) with VLLM_MEM (gpu_memory_utilization, default 0.3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/real_model_out}
-STORE=/tmp/real_model_store
-RUNS=/tmp/runs/real_model
-mkdir -p "$OUT" "$STORE" "$RUNS"
-# shellcheck source=scripts/device/queue.sh
-source scripts/device/queue.sh
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
-export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
+# shellcheck source=scripts/device/session.sh
+source scripts/device/session.sh && device_session real_model
 export VLLM_USE_FLASHINFER_SAMPLER=0   # the carried vLLM has no flashinfer (stripped); its sampler import would fail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
 MODEL=builtin://smollm2-135m-instruct
 DATA=/tmp/data/arith
 GSM8K=/tmp/data/gsm8k

@@ -20,16 +20,8 @@
 # STEPS (32), TEST_FREQ (8), LR (1e-5), TRAIN_LIMIT (900 s per run).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/v1_out}
-STORE=/tmp/v1_store
-RUNS=/tmp/runs/v1
-mkdir -p "$OUT" "$STORE" "$RUNS"
-# shellcheck source=scripts/device/queue.sh
-source scripts/device/queue.sh
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
-export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
+# shellcheck source=scripts/device/session.sh
+source scripts/device/session.sh && device_session v1
 MODEL=builtin://smollm2-135m-instruct
 DATA=/tmp/data/arith
 STEPS=${STEPS:-32}
