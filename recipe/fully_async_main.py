@@ -16,11 +16,14 @@ from __future__ import annotations
 import os
 import sys
 
-import hydra
+# before anything loads torch: OpenMP threads sleep instead of spinning while they wait (verl_async/utils/threads.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import hydra  # noqa: E402
 from omegaconf import DictConfig
 
 from verl_async.config import CONFIG_DIR, DEFAULT_CONFIG_NAME, ConfigError, hydra_argv, validate
-from verl_async.config.preflight import preflight
+from verl_async.config.preflight import preflight, with_run_dir
 from verl_async.config.resume import interrupted
 from verl_async.config.summary import describe
 from verl_async.config.usage import usage
@@ -36,7 +39,17 @@ def main(cfg: DictConfig) -> None:
     try:
         cfg = validate(cfg)  # one clear error, naming the key
         facts = preflight(cfg)  # device, engine, model, reward function, every prompt, what is resumed
+        cfg = with_run_dir(cfg, facts)  # a folder holds one run: another run's folder gives a new one
+        # a verl script (overrides, none of them async_training.*) is told that it runs fully async, and how not to
+        facts["async_keys_given"] = not TYPED_ARGV or any(a.lstrip("+~").startswith("async_training.")
+                                                          for a in TYPED_ARGV)
+        if facts.get("run_dir_moved"):  # a Ctrl-C's resume command continues this run, in its new folder
+            TYPED_ARGV[:] = [a for a in TYPED_ARGV if not a.lstrip("+").startswith("trainer.default_local_dir=")]
+            TYPED_ARGV.append(f"trainer.default_local_dir={cfg.trainer.default_local_dir}")
         print(describe(cfg, facts), flush=True)
+        if facts["resume"].finished:  # a re-run of a finished run: said at once, Ray never starts
+            print(facts["resume"].nothing_to_do(), flush=True)
+            return
         if is_dry_run(cfg):
             print("dry run (trainer.dry_run=true or VERL_ASYNC_DRY_RUN=1): config, device, engine, model, reward "
                   "function, data (every prompt tokenised) and resume checked; nothing was started.")
@@ -68,7 +81,11 @@ def cli() -> None:
     TYPED_ARGV[:] = sys.argv[1:]
     if {"--help", "-h"} & set(TYPED_ARGV):
         print(usage(), flush=True)  # Hydra's help and the full config follow
-    sys.argv[1:] = hydra_argv(sys.argv[1:])
+    try:
+        sys.argv[1:] = hydra_argv(sys.argv[1:])
+    except ConfigError as err:  # verl's --config-name / model_engine= choices that name nothing here
+        print(f"config error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
     main()
 
 

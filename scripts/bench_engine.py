@@ -134,7 +134,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.true_on_policy:
         from verl_async.invariant import PROCESS_ENV
 
-        os.environ.update(PROCESS_ENV)  # read by MKL / cuBLAS at their first call: none happened yet
+        os.environ.update(PROCESS_ENV)  # read by cuBLAS at its first call: none happened yet (CPU needs none)
         args.hf = False
     if not 0.0 < args.vllm_mem <= 1.0:
         p.error(f"--vllm-mem is a fraction of GPU memory in (0, 1], got {args.vllm_mem}")

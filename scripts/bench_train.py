@@ -198,6 +198,35 @@ MEGATRON_NOTES = (  # in each Megatron row's notes and under the table
 )
 
 
+def timed_steps(group, batches, warmup: int) -> tuple[float, int, float, int, float]:
+    """Old log-probs then an update per batch; after `warmup` batches: (log-prob seconds, tokens, update seconds,
+    tokens, peak memory GB of the updates). Tokens are real ones (no padding)."""
+    lp_time, lp_tokens, step_time, tokens, mem = 0.0, 0, 0.0, 0, 0.0
+    for i, batch in enumerate(batches):
+        t = time.perf_counter()
+        batch["old_log_probs"] = group.compute_log_prob(batch)
+        t_lp = time.perf_counter() - t
+        t = time.perf_counter()
+        m = group.update(batch)
+        t_up = time.perf_counter() - t
+        if i >= warmup:
+            real = int(batch["attention_mask"].sum())
+            lp_time, lp_tokens = lp_time + t_lp, lp_tokens + real
+            step_time, tokens = step_time + t_up, tokens + real
+            mem = max(mem, m["perf/max_memory_allocated_gb"])
+    return lp_time, lp_tokens, step_time, tokens, mem
+
+
+def write_result(path: str, result: dict, device: str) -> None:
+    """The JSON of a benchmark (with the GPU's name on CUDA)."""
+    if device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(0)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    print(f"wrote {path}")
+
+
 def make_group(strategy: str, world: int, attn: str, model_dir: str, args):
     # model.attn_implementation is an HF/FSDP key (Megatron ignores it): its default for Megatron
     cfg = compose(model_dir, world, "auto" if strategy == "megatron" else attn, args, strategy)
@@ -238,19 +267,7 @@ def bench_group(world: int, attn: str, model_dir: str, args, peak_flops: float, 
         for layout in [MEGATRON_LAYOUT] if megatron else args.layouts:
             # Megatron: fixed rows per micro-batch, sized like FSDP's padded layout (<= micro_tokens padded tokens)
             group.set_options(**layout_options("padded" if megatron else layout, batches[0], args.micro_tokens))
-            lp_time, lp_tokens, step_time, tokens, mem = 0.0, 0, 0.0, 0, 0.0
-            for i, batch in enumerate(batches):
-                t = time.perf_counter()
-                batch["old_log_probs"] = group.compute_log_prob(batch)
-                t_lp = time.perf_counter() - t
-                t = time.perf_counter()
-                m = group.update(batch)
-                t_up = time.perf_counter() - t
-                if i >= args.warmup:
-                    real = int(batch["attention_mask"].sum())
-                    lp_time, lp_tokens = lp_time + t_lp, lp_tokens + real
-                    step_time, tokens = step_time + t_up, tokens + real
-                    mem = max(mem, m["perf/max_memory_allocated_gb"])
+            lp_time, lp_tokens, step_time, tokens, mem = timed_steps(group, batches, args.warmup)
             profile = None
             if args.profile and megatron:
                 print("--profile: not for Megatron rows (its ranks have no profiler hook): skipped", flush=True)
@@ -354,7 +371,7 @@ def main(argv=None) -> int:
     if args.true_on_policy:
         from verl_async.invariant import PROCESS_ENV
 
-        os.environ.update(PROCESS_ENV)  # the Ray workers started below inherit it (read when their BLAS starts)
+        os.environ.update(PROCESS_ENV)  # the Ray workers started below inherit it (read when cuBLAS starts)
         args.set += ["actor_rollout_ref.rollout.true_on_policy=true", f"data.max_prompt_length={args.prompt_len[1]}",
                      f"data.max_response_length={args.response_len[1]}"]
     shape = TINY if args.tiny else QWEN25_05B
@@ -394,12 +411,7 @@ def main(argv=None) -> int:
     result = {"device": args.device, "tiny": args.tiny, "true_on_policy": args.true_on_policy,
               "matmul_flops_per_device": peak, "args": vars(args),
               "torch": torch.__version__, "rows": rows}
-    if args.device == "cuda":
-        result["gpu"] = torch.cuda.get_device_name(0)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
+    write_result(args.out, result, args.device)
     return 0 if rows and all("error" not in r for r in rows) else 1
 
 

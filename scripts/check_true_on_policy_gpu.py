@@ -10,7 +10,8 @@ Run from the repository root on the GPU machine (PYTHONPATH including the repo):
    attention incl. one decode query against a longer cache, log-prob), the native engine's
    batch-invariance and engine == FSDP2 trainer bitwise for a tiny Llama in bf16 (one micro-batch,
    one row each, a split; packed and padded; the training forward's first-mini-batch ratio exactly 1;
-   across a weight sync that aborts responses and continues them), every model family, and
+   across a weight sync that aborts responses and continues them), the hypothesis property over random
+   batchings (tests/trainer/test_true_on_policy_property.py), every model family, and
    SmolLM2-135M-Instruct (`builtin://smollm2-135m-instruct`); the mode-off counterparts must differ.
    A failing probe names the kernel whose CUDA path depends on the batch.
 2. price, each side in a process of its own (the mode's cuBLAS workspace settings are read when
@@ -35,6 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU_TESTS = [
     "tests/test_invariant_ops.py",
     "tests/trainer/test_true_on_policy.py",
+    "tests/trainer/test_true_on_policy_property.py",
     "tests/trainer/test_model_families.py::test_true_on_policy_trainer_recomputes_the_engine_log_probs_bitwise",
     "tests/test_real_model.py::test_true_on_policy_engine_and_trainer_agree_bitwise",
 ]

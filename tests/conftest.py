@@ -28,9 +28,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-# true on-policy mode's BLAS settings (verl_async/invariant/shapes.py), read when MKL / cuBLAS start: set before
-# this process runs its first GEMM; Ray workers started by these tests inherit them
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+# true on-policy mode's cuBLAS settings (verl_async/invariant/shapes.py; CPU needs none), read when cuBLAS starts:
+# set before this process runs its first GEMM; Ray workers started by these tests inherit them
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":16:8")
 os.environ.setdefault("CUBLASLT_WORKSPACE_SIZE", "1")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -90,11 +90,14 @@ def rank(model_dir: str, *overrides: str, true_on_policy: bool, bf16: bool = Fal
     return worker
 
 
-def batch_of(prompts: Sequence[Sequence[int]], results: Sequence[GenerateResult]):
+def batch_of(prompts: Sequence[Sequence[int]], results: Sequence[GenerateResult],
+             loss_masks: Optional[Sequence[Optional[list[int]]]] = None):
+    """One group per row (`loss_masks[i]`: multi-turn, 0 on inserted tokens)."""
+    masks = loss_masks or [None] * len(results)
     samples = [RolloutSample(uid=f"g{i}", prompt_ids=list(p), data_source="x",
                              responses=[Response(token_ids=r.token_ids, log_probs=r.log_probs, versions=r.versions,
-                                                 finish_reason=r.finish_reason, reward=float(i % 2))])
-               for i, (p, r) in enumerate(zip(prompts, results))]
+                                                 finish_reason=r.finish_reason, reward=float(i % 2), loss_mask=m)])
+               for i, (p, r, m) in enumerate(zip(prompts, results, masks))]
     return collate_groups(samples, pad_token_id=0)
 
 

@@ -267,6 +267,9 @@ def test_resume_after_a_kill_between_the_renames_keeps_the_trained_record(monkey
     trainer.version = trainer.step = 0
     trainer.kl_coef = 0.001
     trainer.call_timeout_s = 60.0  # trainer.worker_timeout_s
+    from verl_async.utils.tracking import Tracker
+
+    trainer.tracker = Tracker([], str(root / "tensorboard"))  # no logger: nothing to truncate
     assert trainer.restore() == 4 and trainer.step == 4
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [0, 1, 2, 3]
     assert sorted(os.listdir(root)) == ["global_step_4", ckpt.LATEST_FILE, "trained_uids.jsonl"]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -220,8 +223,15 @@ BAD = [
     (["debug.rollout_only=true", "debug.train_only=true"], "debug.train_only", "rollout_only"),
     (["debug.save_train_output='/tmp/o_{rollout_id}.pt'"], "debug.save_train_output", "{rank}"),
     (["debug.fail_replicas=[1]"], "debug.fail_replicas", "replica 1 does not exist: this run has 1 engine replica"),
-    (["debug.fail_replicas='0,1'"], "debug.fail_replicas", "expected null, all or a list of replica indices"),
-    (["debug.fail_replicas=first"], "debug.fail_replicas", "expected null, all or a list of replica indices"),
+    (["debug.fail_replicas='0,1'"], "debug.fail_replicas", "expected null, all or a list of entries such as [0]"),
+    (["debug.fail_replicas=first"], "debug.fail_replicas", "expected null, all or a list of entries such as [0]"),
+    (["rollout.n_gpus_per_node=2", "debug.fail_replicas=['0:explode']"], "debug.fail_replicas",
+     "'0:explode': unknown kind 'explode'; available: error, die, crash, hang, slow"),
+    (["debug.fail_replicas=['1:die@2']"], "debug.fail_replicas", "replica 1 does not exist: this run has 1 engine"),
+    (["debug.fail_trainer=[rank1:die@update2]"], "debug.fail_trainer", "trainer rank 1 does not exist"),
+    (["debug.fail_trainer=[actor:die@update2]"], "debug.fail_trainer", "a rank dies in an update"),
+    (["rollout.max_replica_restarts=-1"], "rollout.max_replica_restarts", ""),
+    (["trainer.max_restarts=-1"], "trainer.max_restarts", ""),
     (["trainer.cpu_threads_per_worker=0"], "trainer.cpu_threads_per_worker", ">= 1"),
     (["trainer.dry_run=maybe"], "trainer.dry_run", "true or false"),
     (["async_training.sync_transport=nccl"], "async_training.sync_transport", "trainer.device=cuda"),
@@ -246,6 +256,8 @@ BAD = [
     (["actor_rollout_ref.actor.ppo_mini_batchsize=2"], "actor_rollout_ref.actor.ppo_mini_batchsize",
      "did you mean actor_rollout_ref.actor.ppo_mini_batch_size"),
     (["actor_rollout_ref.actor.fsdp_config.nope=1"], "actor_rollout_ref.actor.fsdp_config.nope", "unknown key"),
+    (["data.nope=1", "actor_rollout_ref.actor.megatron_x=2", "trainer.zz=3"], "data.nope",
+     "unknown key; also unknown: actor_rollout_ref.actor.megatron_x, trainer.zz"),
     (["trainer.nnodes=x"], "trainer.nnodes", "expected an integer"),
     (["actor_rollout_ref.rollout.temperature=hot"], "actor_rollout_ref.rollout.temperature", "expected a number"),
     (["trainer.val_before_train=maybe"], "trainer.val_before_train", "true or false"),
@@ -253,7 +265,8 @@ BAD = [
     (["trainer.logger=[console,clearml]"], "trainer.logger", "clearml is a verl logger that verl_async does not support"),
     (["~trainer.device"], "trainer.device", "no value"),
     (["trainer.default_local_dir=${trainer.nope}"], "trainer.default_local_dir", "trainer.nope"),
-    (["actor_rollout_ref.model.lora_rank=8"], "actor_rollout_ref.model.lora_rank", "LoRA"),
+    (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron"],
+     "actor_rollout_ref.actor.megatron", "fully_async_ppo_megatron_trainer"),
     (["reward_model.enable=true"], "reward_model.enable", "not supported"),
     (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "n >= 2"),
     (["async_training.queue_capacity=2"], "async_training.queue_capacity", "one trainer step of 8"),
@@ -348,12 +361,42 @@ def test_compat_defaults_match_the_yaml():
 # --------------------------------------------------------------------------- helpers
 def test_hydra_argv_rewrites(tmp_path):
     (tmp_path / "myconf").mkdir()
+    (tmp_path / "myconf" / "x.yaml").write_text("a: {b: 0}\n")
     argv = ["--config-path=config", "--config-name=x.yaml", "a.b=1", "+c.d=2", "~e.f", "++g.h=3", "top=1",
             "actor@actor_rollout_ref.actor=megatron_actor", "hydra.run.dir=/tmp/x", "--cfg", "job", "-cp", "myconf"]
     out = hydra_argv(argv, cwd=str(tmp_path))
-    assert out == [f"--config-path={REPO_ROOT / 'config'}", "--config-name=x.yaml", "++a.b=1", "+c.d=2", "~e.f",
+    assert out == ["--config-name=x", f"--config-path={REPO_ROOT / 'config'}", "++a.b=1", "++c.d=2", "~e.f",
                    "++g.h=3", "top=1", "actor@actor_rollout_ref.actor=megatron_actor", "hydra.run.dir=/tmp/x",
                    "--cfg", "job", "-cp", str(tmp_path / "myconf")]
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["--config-name", "ppo_megatron_trainer", "a.b=1"], MEGATRON),
+    (["--config-name=ppo_trainer.yaml"], FSDP),
+    (["model_engine=megatron", "a.b=1"], MEGATRON),
+    (["--config-name=ppo_megatron_trainer", "model_engine=dp"], FSDP),
+    (["--config-path=config", "--config-name='fully_async_ppo_megatron_trainer.yaml'".replace("'", "")], MEGATRON),
+])
+def test_verls_trainer_choices_name_ours(argv, name):
+    out = hydra_argv(argv)
+    assert out[0] == f"--config-name={name}" and not any(a.startswith("model_engine") for a in out)
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["model_engine=veomni"], "model_engine: veomni: not a verl_async trainer; use model_engine=dp (FSDP2) or "
+                              "model_engine=megatron"),
+    (["--config-name=fully_async_dapo_trainer"], "--config-name: fully_async_dapo_trainer: no such config in "
+                                                 f"{REPO_ROOT / 'config'} (verl_async's: {FSDP}, {MEGATRON}; verl's "
+                                                 "ppo_trainer and ppo_megatron_trainer name them)"),
+])
+def test_verls_trainer_choices_refused_in_one_line(argv, line, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        hydra_argv(argv)
+    assert str(err.value) == line
+    env = {k: v for k, v in os.environ.items() if k != "VERL_ASYNC_DRY_RUN"}
+    proc = subprocess.run([sys.executable, "-m", "recipe.fully_async_main", *argv], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"config error: {line}"]
 
 
 def test_choice_lists_match_the_implementations():
@@ -368,6 +411,8 @@ def test_choice_lists_match_the_implementations():
     assert S.DEVICES == tuple(device.DEVICE_KINDS)
     assert S.ADV_ESTIMATORS == tuple(algos.ADVANTAGE_ESTIMATORS)
     assert S.LOSS_AGG_MODES == tuple(algos.LOSS_AGG_MODES)
+    assert S.POLICY_LOSS_MODES == tuple(importlib.import_module("verl_async.algos.policy_losses").POLICY_LOSSES)
+    assert S.VERL_CORRECTION_LOSSES == importlib.import_module("verl_async.algos.policy_losses").BYPASS_LOSS_TYPES
     assert set(S.KL_TYPES) == set(algos.KL_KINDS)
     assert S.CORRECTION_LEVELS == rollout_correction.LEVELS and S.CORRECTION_MODES == rollout_correction.MODES
     assert S.CORRECTION_VETO_RULES == rollout_correction.VETO_RULES

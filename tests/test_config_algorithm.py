@@ -57,14 +57,50 @@ def test_adaptive_kl_control_needs_the_in_reward_kl():
     assert cfg.algorithm.kl_ctrl.type == "adaptive"
 
 
-@pytest.mark.parametrize("name", [FSDP, MEGATRON])
-@pytest.mark.parametrize("role", ["actor", "ref"])
-def test_ulysses_sequence_parallelism_is_refused(name, role):
-    with pytest.raises(ConfigError) as info:
-        check(["trainer.n_gpus_per_node=2", f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size=2"], name)
-    assert info.value.key == f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size"
-    assert "not implemented" in info.value.reason
-    assert check(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"], name)
+def test_ulysses_sequence_parallelism_keys():
+    """FSDP2 runs Ulysses (trainer/ulysses.py): the data-parallel size is world / sp; Megatron uses context
+    parallelism instead; the reference model follows the actor's layout; packed rows and a varlen kernel."""
+    A = "actor_rollout_ref"
+    cfg = check(["trainer.n_gpus_per_node=4", f"{A}.actor.ulysses_sequence_parallel_size=2",
+                 f"{A}.ref.ulysses_sequence_parallel_size=2"])
+    assert cfg[A].actor.ulysses_sequence_parallel_size == 2
+    assert cfg[A].ref.ulysses_sequence_parallel_size == 2  # dp_actor.yaml's ref follows the actor by default
+    # a micro-batch holds sp x the per-device budget: 3000 tokens per device hold a 4096-token sequence with sp = 2
+    long = ["data.max_prompt_length=1024", "data.max_response_length=3072", f"{A}.actor.ppo_max_token_len_per_gpu=3000",
+            f"{A}.rollout.log_prob_max_token_len_per_gpu=3000", f"{A}.ref.log_prob_max_token_len_per_gpu=3000"]
+    from verl_async.config.checks import token_budget_problem
+
+    assert token_budget_problem(check(["trainer.n_gpus_per_node=2", f"{A}.actor.ulysses_sequence_parallel_size=2",
+                                       *long])) is None
+    with pytest.raises(ConfigError) as too_small:
+        check(long)
+    assert str(too_small.value) == (
+        f"{A}.actor.ppo_max_token_len_per_gpu: 3000 tokens per update micro-batch cannot hold one sequence of up to "
+        "data.max_prompt_length + data.max_response_length = 1024 + 3072 = 4096 tokens (dynamic batch size packs whole "
+        "sequences); raise it to at least 4096 or shorten those lengths")
+    refusals = [
+        ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], MEGATRON,
+         f"{A}.actor.ulysses_sequence_parallel_size: 2: Ulysses is the FSDP2 trainer's; Megatron splits sequences "
+         f"with {A}.actor.megatron.context_parallel_size"),
+        ([f"{A}.ref.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], FSDP,
+         f"{A}.ref.ulysses_sequence_parallel_size: 2: the reference model runs on the actor's ranks with its "
+         f"layout; set it to 1 (actor_rollout_ref.actor.ulysses_sequence_parallel_size)"),
+        ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
+          f"{A}.model.use_remove_padding=false"], FSDP,
+         f"{A}.actor.ulysses_sequence_parallel_size: 2 needs packed rows: set {A}.model.use_remove_padding=true "
+         "(as verl does)"),
+        ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
+          f"{A}.model.attn_implementation=sdpa"], FSDP,
+         f"{A}.actor.ulysses_sequence_parallel_size: 2 needs a varlen attention kernel; {A}.model.attn_implementation="
+         "sdpa has none (use auto, varlen or flash_attention_2)"),
+        ([f"{A}.actor.ulysses_sequence_parallel_size=3", "trainer.n_gpus_per_node=2"], FSDP,
+         f"{A}.actor.ulysses_sequence_parallel_size: ulysses sequence parallel size 3 does not divide the trainer's 2 "
+         "devices (trainer.nnodes * trainer.n_gpus_per_node)"),
+    ]
+    for overrides, name, line in refusals:
+        with pytest.raises(ConfigError) as info:
+            check(overrides, name)
+        assert str(info.value) == line
 
 
 # --------------------------------------------------------------------------- DAPO dynamic sampling (issue 24)

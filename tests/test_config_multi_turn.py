@@ -1,7 +1,7 @@
 """actor_rollout_ref.rollout.multi_turn.*: verl's names and defaults, one-line errors naming key and file.
 
-verl's ReTool launch script itself (tests/fixtures/verl09/dapo_7b_async_retool.sh) is run in
-tests/test_verl09_scripts.py; its reward function (recipe/retool/retool.py) is tested here."""
+verl's ReTool launch script itself (its arguments: tests/fixtures/verl_scripts/dapo_7b_async_retool.yaml) is run in
+tests/test_verl_scripts.py; its reward function (recipe/retool/retool.py) is tested here."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_pdsr_is_refused_with_multi_turn():
               "rollout.n_gpus_per_node=2")
 
 
-# ------------------------------------------------------------------ ReTool (its script: tests/test_verl09_scripts.py)
+# ------------------------------------------------------------------ ReTool (its script: tests/test_verl_scripts.py)
 def test_retool_reward_rewards_boxed_answers_and_tool_use():
     sys.path.insert(0, str(REPO_ROOT))
     from recipe.retool.retool import compute_score

@@ -59,3 +59,27 @@ def test_an_unsupported_model_family_is_refused_before_start(tmp_path):
     cfg = compose("fully_async_ppo_trainer", [ON, f"actor_rollout_ref.model.path={tmp_path}"])
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.rollout\.true_on_policy: model type 'gemma2'"):
         check_model_folder(cfg)
+
+
+def test_a_model_too_wide_for_exact_sums_is_refused_before_start(tmp_path):
+    import json
+
+    from verl_async.config.preflight import check_model_folder
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
+                                                      "intermediate_size": 2 ** 22}))
+    cfg = compose("fully_async_ppo_trainer", [ON, f"actor_rollout_ref.model.path={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.rollout\.true_on_policy: .*intermediate_size=4194304"):
+        check_model_folder(cfg)
+
+
+def test_a_worker_on_a_cpu_of_another_capability_refuses(monkeypatch):
+    from verl_async.invariant.shapes import CPU_CAPABILITY_ENV, cpu_capability, environment_problem, worker_env
+
+    assert worker_env("cpu") == {CPU_CAPABILITY_ENV: cpu_capability()}
+    monkeypatch.setenv(CPU_CAPABILITY_ENV, cpu_capability())
+    assert environment_problem("cpu") is None
+    monkeypatch.setenv(CPU_CAPABILITY_ENV, "NO_AVX")
+    problem = environment_problem("cpu")
+    assert problem.startswith("actor_rollout_ref.rollout.true_on_policy: ") and "NO_AVX" in problem
+    assert "\n" not in problem

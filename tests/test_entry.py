@@ -182,6 +182,8 @@ def test_preflight_counts_rows(tmp_path, tiny_model_dir):
         ("unknown_builtin", "data.train_files", "unknown built-in dataset builtin://nope"),
         ("empty_model_folder", "actor_rollout_ref.model.path", "no config.json"),
         ("npu_missing", "trainer.device", "torch_npu"),
+        # the README's one-GPU command on a CPU machine said "trainer.device: but no cuda device is available"
+        ("cuda_missing", "trainer.device", "cuda is asked for, but this machine has no cuda device"),
     ],
 )
 def test_preflight_errors_name_the_key(tmp_path, tiny_model_dir, case, key, words):
@@ -203,6 +205,10 @@ def test_preflight_errors_name_the_key(tmp_path, tiny_model_dir, case, key, word
         if __import__("importlib").util.find_spec("torch_npu") is not None:
             pytest.skip("torch_npu is installed")
         extra = ["trainer.device=npu"]
+    if case == "cuda_missing":
+        if __import__("torch").cuda.is_available():
+            pytest.skip("this machine has a CUDA device")
+        extra = ["trainer.device=cuda"]
     with pytest.raises(ConfigError) as info:
         preflight(_cfg(tmp_path, model, train, extra))
     assert str(info.value).startswith(key + ": ") and words in str(info.value), str(info.value)

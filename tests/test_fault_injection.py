@@ -2,7 +2,7 @@
 
 debug.fail_replicas (verl_async/rollout/faults.py) makes replicas answer every
 request with an error. Every replica failing must end the run with the engine's error
-and exit 1 within 60 s (a GPU run once sat at 0 steps for minutes and printed a
+and exit 1 by itself, well before any hang guard (a GPU run once sat at 0 steps for minutes and printed a
 validation accuracy of 0.000 for responses that never existed); one failing replica
 must be taken out of rotation while the other trains every prompt; a validation that
 lost some samples reports them and neither stops the run nor costs its checkpoint.
@@ -22,7 +22,7 @@ from tests.entry_point import run_main
 from verl_async.data import builtin, write_rows
 
 pytestmark = pytest.mark.slow
-STOP_WITHIN_S = 60
+STOP_WITHIN_S = 180  # a hang guard, not a speed target: ~35 s on 2 idle cores, 80-100 s at load 15-20
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,8 @@ def run_failing(tmp_path, model_dir, data_files, fail: str, *extra: str) -> tupl
         "data.max_prompt_length=64", "data.max_response_length=12", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.n_gpus_per_node=2", "rollout.total_rollout_steps=8",
         "trainer.test_freq=-1", "trainer.logger=[console]", f"trainer.default_local_dir={tmp_path / 'run'}",
-        "ray_init.num_cpus=2", f"debug.fail_replicas={fail}", *extra,
+        # no restarts: these check how a broken replica is reported (tests/test_healing_drills.py: how it heals)
+        "ray_init.num_cpus=2", f"debug.fail_replicas={fail}", "rollout.max_replica_restarts=0", *extra,
     ]
     t0 = time.monotonic()
     proc = run_main(args)  # the command in this process, on the session's Ray (tests/entry_point.py)

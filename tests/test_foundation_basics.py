@@ -44,6 +44,25 @@ def test_tokenizer_roundtrip_and_chat_template():
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
 
 
+def test_a_bpe_tokenizer_that_asks_for_space_cleanup_decodes_without_it_and_without_a_warning(tmp_path, capfd):
+    """Llama 3's and GGUF-converted tokenizer files set clean_up_tokenization_spaces=True; transformers 5.x ignores it
+    for BPE with a warning per process, 4.x deletes the space in "a ." -> "a.". Loaded here, neither happens."""
+    import json
+
+    tok = build_char_tokenizer()  # byte-level BPE
+    tok.save_pretrained(str(tmp_path))
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["clean_up_tokenization_spaces"] = True
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    loaded = load_tokenizer(str(tmp_path))
+    assert loaded.clean_up_tokenization_spaces is False
+    ids = loaded("2 + 3 = 5 .", add_special_tokens=False)["input_ids"]
+    capfd.readouterr()
+    assert loaded.batch_decode([ids], skip_special_tokens=True) == ["2 + 3 = 5 ."]
+    out, err = capfd.readouterr()
+    assert "clean_up_tokenization_spaces" not in out + err
+
+
 def test_tiny_model_loads_with_override(tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
     model = load_causal_lm(tiny_model_dir, override_config={"model_config": {"max_position_embeddings": 777}})

@@ -1,13 +1,20 @@
 """verl_async.invariant's kernels one by one: the same math as the plain ops (close), and a row's bits do
 not depend on the rows it is computed with (equal); gradients are those of the plain ops. The invariance
-tests run on CPU (float32, bf16) and, with `-m gpu`, on CUDA (bf16): the probes of the CUDA shapes."""
+tests run on CPU (float32, bf16) and, with `-m gpu`, on CUDA (bf16): the probes of the CUDA shapes.
+
+On CPU the promise comes from exact sums (verl_async/invariant/exact.py), so the tests also swap the
+library that runs the GEMMs (numpy's OpenBLAS, a sequential sum in reverse order) and the thread count:
+the bits must not move. Run them under any BLAS setting (e.g. MKL_ENABLE_INSTRUCTIONS=AVX2, MKL_CBWR
+unset): nothing here depends on it."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from verl_async.invariant import exact
 from verl_async.invariant.attention import _reference, canonical_attention
 from verl_async.invariant.logprob import sampled_logprobs, token_logprobs
 from verl_async.invariant.ops import linear, map_rows, rms_norm, silu
@@ -49,7 +56,7 @@ def test_linear_rows_do_not_depend_on_their_batch(device, dtype):
     w = (torch.randn(384, 1536) * 0.03).to(device, dtype)
     b = torch.randn(384).to(device, dtype)
     x = torch.randn(3, 1536).to(device, dtype)
-    rows = shapes_for(device, dtype).linear_rows
+    rows = shapes_for(device).linear_rows
     ref = linear(x[1:2], w, b, rows)[0]
     torch.testing.assert_close(ref, F.linear(x[1:2], w, b)[0], atol=TOL[dtype], rtol=TOL[dtype])
     for n, seed in ((2, 1), (7, 2), ((rows or 64) + 5, 3), (3 * (rows or 64), 4), (700, 5)):
@@ -57,24 +64,42 @@ def test_linear_rows_do_not_depend_on_their_batch(device, dtype):
         assert torch.equal(linear(batch, w, b, rows)[pos], ref), n
 
 
-def test_cpu_float32_gemm_rows_do_not_depend_on_the_row_count():
-    """The ground for `linear_rows=None` on CPU float32 (shapes.py): MKL in strict CNR mode (the test
-    environment's MKL_CBWR, tests/conftest.py) gives a row the same bits in a GEMM of any row count and
-    any thread count; the plain GEMM would be refused here if it did not."""
+def _openblas_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
+
+
+def _reverse_sum_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The products summed one by one from the last k to the first (a GEMM no BLAS would write)."""
+    products = a[..., :, :, None] * b[..., None, :, :]  # [.., m, k, n]
+    return products.flip(-2).cumsum(-2)[..., -1, :]
+
+
+LIBRARIES = {"openblas": (_openblas_mm, _openblas_mm), "reverse": (_reverse_sum_mm, _reverse_sum_mm)}
+
+
+@pytest.mark.parametrize("library", sorted(LIBRARIES))
+def test_cpu_linear_and_attention_bits_do_not_depend_on_the_blas_or_the_threads(monkeypatch, library):
+    """What the promise rests on (exact sums), checked against another library's GEMM, a reverse-order sum
+    and 1-3 threads: the same bits (a plain float32 GEMM differs between these, see the last assertion)."""
     torch.manual_seed(0)
+    w, b = torch.randn(48, 200) * 0.05, torch.randn(48)
+    x = torch.randn(9, 200) * torch.logspace(-3, 3, 200)  # rows with a wide range of magnitudes
+    q, k, v = torch.randn(2, 2, 2, 5, 16), torch.randn(2, 2, 64, 16), torch.randn(2, 2, 64, 16)
+    pos = torch.arange(5).expand(2, 5) + 7
+    expected = linear(x, w, b, None), canonical_attention(q, k, v, pos, scale=0.25)
     threads = torch.get_num_threads()
     try:
-        for k, n in ((64, 264), (576, 1536), (1536, 576), (576, 4096)):
-            w, b = torch.randn(n, k) * 0.05, torch.randn(n)
-            x = torch.randn(1100, k)
-            ref = torch.addmm(b, x[5:6], w.t())[0]
-            for t in (1, 2, 3):
-                torch.set_num_threads(t)
-                for m in (2, 3, 8, 17, 64, 300, 1100):
-                    assert torch.equal(torch.addmm(b, x[:m], w.t())[5 if m > 5 else 0] if m > 5 else
-                                       torch.addmm(b, x[5 : 5 + m], w.t())[0], ref), (k, n, t, m)
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            assert torch.equal(linear(x, w, b, None), expected[0])
+            assert torch.equal(canonical_attention(q, k, v, pos, scale=0.25), expected[1])
     finally:
         torch.set_num_threads(threads)
+    monkeypatch.setattr(exact, "gemm", LIBRARIES[library][0])
+    monkeypatch.setattr(exact, "batched_gemm", LIBRARIES[library][1])
+    assert torch.equal(linear(x, w, b, None), expected[0])
+    assert torch.equal(canonical_attention(q, k, v, pos, scale=0.25), expected[1])
+    assert not torch.equal(_reverse_sum_mm(x, w.t()), x @ w.t())  # in float32 the order shows in the bits
 
 
 def test_linear_gradient_is_f_linear_s():
@@ -120,6 +145,10 @@ def test_attention_of_a_sequence_does_not_depend_on_the_others(device, dtype):
     decode = canonical_attention(q[:1, :, :, t : t + 1], k[:1], v[:1], torch.tensor([[t]], device=device),
                                  scale=D ** -0.5)
     assert torch.equal(decode[..., 0, :], together[:1, :, :, t])
+    if device == "cpu":  # exact sums: the keys past the query can be left out, the span fixes the bit widths
+        short = canonical_attention(q[:1, :, :, t : t + 1], k[:1, :, : t + 1], v[:1, :, : t + 1],
+                                    torch.tensor([[t]], device=device), scale=D ** -0.5, span=span)
+        assert torch.equal(short, decode)
     ref = _reference(q.float(), k.float(), v.float(), pos, D ** -0.5, None)
     torch.testing.assert_close(together.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
     windowed = canonical_attention(q, k, v, pos, scale=D ** -0.5, window=5)
@@ -153,9 +182,7 @@ def test_token_log_probs_of_a_row_do_not_depend_on_the_others(device, dtype):
 
 
 def test_environment_problem_names_the_variable(monkeypatch):
-    monkeypatch.setenv("MKL_CBWR", "AUTO")
-    assert "MKL_CBWR=AUTO,STRICT" in environment_problem("cpu")
-    monkeypatch.setenv("MKL_CBWR", "AUTO,STRICT")
-    assert environment_problem("cpu") is None
+    monkeypatch.delenv("MKL_CBWR", raising=False)
+    assert environment_problem("cpu") is None  # exact sums: no BLAS setting needed
     monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
     assert "CUBLASLT_WORKSPACE_SIZE=1" in environment_problem("cuda")

@@ -209,7 +209,10 @@ def test_train_only_checkpoints_and_resumes_like_a_normal_run(train_only_runs, s
     assert [(e["step"], e["uids"]) for e in trained_log(root)] == list(enumerate(saved))
 
 
-def test_dead_engine_replica_stops_the_run_with_the_cause(ray_session, tmp_path, tiny_model_dir, data_files):
+def test_a_replica_killed_for_good_with_no_other_stops_the_run_with_the_cause(ray_session, tmp_path, tiny_model_dir,
+                                                                              data_files):
+    """`ray.kill` ends a replica for good (Ray does not restart it): its healing fails, it is retired, and with no
+    other replica the run stops naming it (a replica that Ray restarts heals: tests/test_healing_drills.py)."""
     def kill_a_replica():
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -223,7 +226,8 @@ def test_dead_engine_replica_stops_the_run_with_the_cause(ray_session, tmp_path,
 
     killer = threading.Thread(target=kill_a_replica, daemon=True)
     killer.start()
-    with pytest.raises(PipelineError, match=r"(?s)(trainer|rollouter) failed: ActorDiedError.*EngineReplica"):
+    with pytest.raises(PipelineError, match=r"(?s)rollouter failed: EngineFailure: every engine replica is out of "
+                                            r"rotation \(replica 0: its restart failed: ActorDiedError.*EngineReplica"):
         # Enough epochs that the run is still generating when the replica dies, however fast the machine.
         run_pipeline(tmp_path, tiny_model_dir, data_files, "rollout.total_epochs=100", "rollout.total_rollout_steps=800",
                      "data.max_response_length=48")
@@ -248,6 +252,7 @@ def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(ray_session, 
                         "rollout.total_rollout_steps=16", "trainer.save_freq=1", "trainer.resume_mode=auto",
                         "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
                         "data.max_response_length=24", "ray_init.num_cpus=2")
+    command = [a if not a.startswith("trainer.logger=") else "trainer.logger=[tensorboard,file]" for a in command]
     args = [sys.executable, "-m", "recipe.fully_async_main", *command]
     env = dict(os.environ, PYTHONPATH=REPO, RAY_DEDUP_LOGS="0")
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -267,6 +272,15 @@ def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(ray_session, 
     uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
     counts = collections.Counter(uids)
     assert len(counts) == 16 and set(counts.values()) == {1}, counts
+    # no line of the killed process after its checkpoint is left: each step logged once, by step (issue 42, item 7)
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        steps = [json.loads(line)["step"] for line in f if "training/global_step" in line]
+    assert steps == list(range(1, 9)), steps
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, 9))
 
 
 def test_filter_groups_keeps_flat_groups_out_of_training(ray_session, tmp_path, tiny_model_dir, data_files):
@@ -338,3 +352,12 @@ def test_total_training_steps_ends_the_run_and_a_larger_cap_resumes_exactly_once
     uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
     counts = collections.Counter(uids)
     assert len(counts) == 16 and set(counts.values()) == {1}, counts
+    # no line of the killed process after its checkpoint is left: each step logged once, by step (issue 42, item 7)
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        steps = [json.loads(line)["step"] for line in f if "training/global_step" in line]
+    assert steps == list(range(1, 9)), steps
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, 9))

@@ -173,8 +173,8 @@ def interrupt(argv: list[str]) -> subprocess.CompletedProcess:
 def test_ctrl_c_ends_with_one_line_and_the_command_that_resumes(tmp_path, tiny_model_dir, train_file):
     """Ctrl-C printed a 50-line KeyboardInterrupt traceback and no hint that the same command resumes."""
     path = make_checkpoint(tmp_path / "run", 4, tiny_model_dir)
-    argv = [*args(tmp_path, tiny_model_dir, train_file), "trainer.save_freq=2", "trainer.resume_mode=disable",
-            f"hydra.run.dir={tmp_path / 'hydra'}"]
+    argv = [*args(tmp_path, tiny_model_dir, train_file), "trainer.save_freq=2", "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={path}", f"hydra.run.dir={tmp_path / 'hydra'}"]
     done = interrupt(argv)
     assert done.returncode == 130, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()
@@ -207,3 +207,86 @@ def test_help_shows_what_a_user_needs_before_the_full_config():
                    "python -m recipe.fully_async_main \\", "trainer.resume_mode", "trainer.save_freq"):
         assert needed in first, needed
     assert first.index("usage:") < first.index("powered by Hydra")
+
+
+# --------------------------------------------------------------------------- a folder holds one run (issue 42, item 7)
+def test_a_folder_holding_another_runs_records_gives_the_run_a_new_folder(tmp_path, tiny_model_dir, train_file):
+    """The README's demo and then its multi-turn command both wrote outputs/verl_async/demo: the second overwrote
+    config.yaml and trained_uids.jsonl and appended to the first's logs."""
+    from verl_async.config.run_folder import claim
+
+    cfg = config(tmp_path, tiny_model_dir, train_file)
+    plan, moved = claim(cfg, plan_resume(cfg, 64), 64)
+    assert moved is None and plan.root == str(tmp_path / "run")  # nothing there yet: its own
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("the first run\n")
+    (tmp_path / "run" / "tensorboard").mkdir()
+    plan, moved = claim(cfg, plan_resume(cfg, 64), 64)
+    assert plan.root == str(tmp_path / "run-2") and plan.path is None
+    assert moved == (f"{tmp_path / 'run'} holds another run's records (config.yaml, tensorboard/) and no checkpoint "
+                     f"this run continues: this run writes to {tmp_path / 'run-2'} (set trainer.experiment_name or "
+                     "trainer.default_local_dir to choose)")
+    (tmp_path / "run-2").mkdir()
+    (tmp_path / "run-2" / "metrics.jsonl").write_text("")
+    assert claim(cfg, plan_resume(cfg, 64), 64)[0].root == str(tmp_path / "run-3")
+    # the same command, moved before and checkpointed there, continues its own run (not run-4)
+    (tmp_path / "run-3").mkdir()
+    (tmp_path / "run-3" / "config.yaml").write_text("")
+    path = make_checkpoint(tmp_path / "run-3", 2, tiny_model_dir)
+    plan, moved = claim(cfg, plan_resume(cfg, 64), 64)
+    assert plan.root == str(tmp_path / "run-3") and plan.path == path and moved.endswith(
+        f"this run continues {path} (set trainer.experiment_name or trainer.default_local_dir to choose)")
+    other = config(tmp_path, tiny_model_dir, train_file, f"trainer.default_local_dir={tmp_path / 'other'}")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.yaml").write_text("")
+    make_checkpoint(tmp_path / "other-2", 2, "/models/another")  # another run's checkpoint is not continued
+    assert claim(other, plan_resume(other, 64), 64)[0].root == str(tmp_path / "other-3")
+
+
+def test_a_run_that_continues_its_folders_checkpoint_stays_and_one_that_does_not_moves(tmp_path, tiny_model_dir,
+                                                                                        train_file):
+    from verl_async.config.run_folder import claim
+
+    path = make_checkpoint(tmp_path / "run", 4, tiny_model_dir)
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    cfg = config(tmp_path, tiny_model_dir, train_file)
+    plan, moved = claim(cfg, plan_resume(cfg, 64), 64)
+    assert moved is None and plan.path == path and not plan.finished
+    off = config(tmp_path, tiny_model_dir, train_file, "trainer.resume_mode=disable")
+    plan, moved = claim(off, plan_resume(off, 64), 64)
+    assert plan.root == str(tmp_path / "run-2") and plan.path is None
+    assert "(metrics.jsonl, global_step_*/)" in moved
+    assert plan.describe() == "starting fresh (trainer.resume_mode=disable)"
+
+
+def test_a_finished_run_rerun_has_nothing_to_train(tmp_path, tiny_model_dir, train_file):
+    from verl_async.config.resume import ends_at
+
+    cfg = config(tmp_path, tiny_model_dir, train_file, "trainer.total_training_steps=5")
+    make_checkpoint(tmp_path / "run", 5, tiny_model_dir, finished=True, ends_at=ends_at(cfg))
+    plan = plan_resume(cfg, 64)
+    assert plan.finished and plan.total_steps == 5
+    assert plan.nothing_to_do().startswith(f"nothing to train: {plan.path} is the end of this run (step 5 of 5). ")
+    more = config(tmp_path, tiny_model_dir, train_file, "trainer.total_training_steps=7")  # asks for more: continues
+    assert not plan_resume(more, 64).finished
+    # ended with its data (a filtered run ends before its planned step): finished while the end keys are the same
+    make_checkpoint(tmp_path / "run", 6, tiny_model_dir, finished=True, ends_at=ends_at(config(tmp_path, tiny_model_dir,
+                                                                                              train_file)))
+    assert plan_resume(config(tmp_path, tiny_model_dir, train_file), 64).finished
+    assert not plan_resume(config(tmp_path, tiny_model_dir, train_file, "rollout.total_epochs=2"), 64).finished
+    make_checkpoint(tmp_path / "run", 8, tiny_model_dir)  # an older checkpoint's last step: 64 prompts / 8 = 8 steps
+    assert plan_resume(config(tmp_path, tiny_model_dir, train_file), 64).finished
+
+
+def test_rerunning_a_finished_run_exits_at_once_without_ray(tmp_path, tiny_model_dir, train_file):
+    """It trained 0 steps but started Ray and validated twice (50 s)."""
+    from verl_async.config.resume import ends_at
+
+    make_checkpoint(tmp_path / "run", 8, tiny_model_dir, finished=True,
+                    ends_at=ends_at(config(tmp_path, tiny_model_dir, train_file)))
+    proc = run_entry(*args(tmp_path, tiny_model_dir, train_file), f"hydra.run.dir={tmp_path / 'hydra'}")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"nothing to train: {tmp_path / 'run'}/global_step_8/actor is the end of this run (step 8 "
+                           "of 8)"), last
+    assert "Ray" not in proc.stdout + proc.stderr and not (tmp_path / "run" / "config.yaml").exists()

@@ -207,7 +207,8 @@ def test_failed_scores_are_not_wrong_answers_in_the_training_accuracy():
 
 
 def test_end_of_run_summary_counts_failed_scores(tmp_path, capsys):
-    summary = _summarise(str(tmp_path), {"rollouter": {"reward_errors": 3, "reward_scored": 16}}, {}, {}, 1.0)
+    summary = _summarise(str(tmp_path), {"rollouter": {"reward_errors": 3, "reward_scored": 16},
+                                         "trainer": {"steps": 2}}, {}, {}, 1.0)
     assert summary["rollout/reward_errors"] == 3
     assert ("warning: the reward function failed on 3 of 16 scored responses (scored 0; the first failures are in "
             "the log; reward_model.max_error_rate)") in capsys.readouterr().out

@@ -202,7 +202,7 @@ def test_fail_replicas_names_replicas_by_index_or_all():
     assert [replica_fails(i, None) for i in range(3)] == [False, False, False]
     assert [replica_fails(i, "all") for i in range(3)] == [True, True, True]
     assert [replica_fails(i, [0, 2]) for i in range(3)] == [True, False, True]
-    with pytest.raises(ValueError, match=r"debug\.fail_replicas: expected null, 'all' or a list"):
+    with pytest.raises(ValueError, match=r"debug\.fail_replicas: expected null, all or a list"):
         replica_fails(0, "0,2")
 
 

@@ -276,3 +276,18 @@ def test_readme_model_without_hub_stops_before_anything_starts(tmp_path):
     line = one_error_line(proc)
     assert line.startswith(f"config error: {A}.model.path: {README_MODEL} is not a local folder and not in the HF cache")
     assert not run_dir.exists()
+
+
+# --------------------------------------------------------------------------- what the summary says (issue 42)
+def test_a_command_without_async_keys_is_told_it_runs_fully_async_and_how_to_run_synchronously():
+    """verl's ordinary GRPO scripts set no async_training key and silently ran with staleness 0.5, partial rollout
+    and a sync every 2 steps."""
+    from verl_async.config.summary import SYNC_HINT, describe
+
+    cfg = check()
+    assert SYNC_HINT in describe(cfg, {"async_keys_given": False}).splitlines()
+    assert SYNC_HINT == ("schedule     fully async (no async_training.* key given); for verl's synchronous schedule "
+                         "add async_training.staleness_threshold=0 async_training.trigger_parameter_sync_step=1")
+    assert SYNC_HINT not in describe(cfg, {"async_keys_given": True})
+    on_policy = check("async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1")
+    assert SYNC_HINT not in describe(on_policy, {"async_keys_given": False})

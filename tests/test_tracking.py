@@ -137,8 +137,8 @@ def test_wandb_keeps_a_late_validation_at_the_current_step_with_its_version(call
     tr.log_generations(SAMPLES, step=4)
     logs = [(args[0], kwargs) for name, args, kwargs in calls if name == "wandb.log"]
     assert logs[0] == ({"actor/pg_loss": 0.1}, {"step": 5})
-    assert logs[1] == ({"val/mean@1/acc": 0.4, "val/version": 4.0}, {})
-    assert logs[2][1] == {} and logs[2][0]["val/version"] == 4.0 and VAL_GENERATIONS_KEY in logs[2][0]
+    assert logs[1] == ({"val/mean@1/acc": 0.4, "val/step": 4.0}, {})
+    assert logs[2][1] == {} and logs[2][0]["val/step"] == 4.0 and VAL_GENERATIONS_KEY in logs[2][0]
 
 
 def test_file_logger_writes_verl_jsonl(tmp_path, monkeypatch):

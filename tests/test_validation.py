@@ -46,6 +46,13 @@ def test_metrics_average_each_prompt_over_the_samples_it_has():
         "val/missing_samples": 6.0,  # 12 asked for, 6 scored
         "val/a/acc": (0.5 + 1.0) / 2,
         "val/b/acc": 0.0,
+        # verl's names beside ours: val-core/<data source>/acc/{mean@k, best@k/mean}, val-aux/.../reward/mean@k
+        "val-core/a/acc/mean@3": (0.5 + 1.0) / 2,
+        "val-core/a/acc/best@3/mean": (1.0 + 1.0) / 2,
+        "val-aux/a/reward/mean@3": (0.5 + 0.5) / 2,
+        "val-core/b/acc/mean@3": 0.0,
+        "val-core/b/acc/best@3/mean": 0.0,
+        "val-aux/b/reward/mean@3": 0.0,
     })
 
 
@@ -195,6 +202,9 @@ class Side:
 
     def snapshot(self):
         return []
+
+    def checkpointed(self, path):  # the queue's mark that a trainer restart rewinds to (healing/trainer.py)
+        pass
 
     def save_checkpoint(self, root, extra, step, info=None):  # info: run_info.json (config/resume.py)
         self.calls.append(f"save {step}")

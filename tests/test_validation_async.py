@@ -219,6 +219,12 @@ class RecordingSync(SyncDriver):
         pass
 
 
+def made(t: Trainer, version: int) -> None:
+    """Trainer step `version` made weight version `version` (trigger_parameter_sync_step=1): metrics go by step."""
+    t.step = t.version = version
+    t._version_step[version] = version
+
+
 @pytest.fixture
 def trainer(monkeypatch, tmp_path, tiny_model_dir):
     monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref(timeout))
@@ -241,10 +247,10 @@ def trainer(monkeypatch, tmp_path, tiny_model_dir):
 def test_the_trainer_goes_on_while_a_validation_runs_and_its_metrics_land_at_its_version(trainer):
     side = FakeRollouter()
     t, logged = trainer(side, "trainer.test_freq=2")
-    t.version = 2
+    made(t, 2)
     t.push_weights()
     assert side.calls == ["pause", "transfer 2", "resume 2", "start 2"]  # started once generation resumed
-    t.version = 3  # a step trained meanwhile: nothing waited for the validation
+    made(t, 3)  # a step trained meanwhile: nothing waited for the validation
     t.collect_validations()
     assert logged == [] and t.val_history == []
     side.finish({"val/mean@1/acc": 0.5})  # it finishes while version 3 is being trained
@@ -258,10 +264,10 @@ def test_the_trainer_goes_on_while_a_validation_runs_and_its_metrics_land_at_its
 def test_the_next_sync_waits_for_a_validation_still_running_before_moving_weights(trainer):
     side = FakeRollouter()
     t, logged = trainer(side, "trainer.test_freq=1")
-    t.version = 1
+    made(t, 1)
     t.push_weights()
     side.calls.clear()
-    t.version = 2
+    made(t, 2)
     out = t.push_weights()
     assert side.calls == ["pause", "settle", "transfer 2", "resume 2", "start 2"]
     assert "timing_s/sync_wait_validation" in out and logged == [(1, {"val/mean@1/acc": 0.25})]
@@ -273,10 +279,10 @@ def test_the_next_sync_waits_for_a_validation_still_running_before_moving_weight
 def test_a_failed_validation_is_logged_at_its_version_and_a_broken_reward_function_stops_the_run(trainer, caplog):
     side = FakeRollouter()
     t, logged = trainer(side, "trainer.test_freq=1")
-    t.version = 4
+    made(t, 4)
     t.push_weights()
     side.finish(error="ValidationError: validation at version 4 did not finish within 0.2 s")
-    t.version = 5
+    made(t, 5)
     t.collect_validations()
     assert t.val_failures == [{"version": 4, "error": "ValidationError: validation at version 4 did not finish "
                                                        "within 0.2 s"}] and logged == []
@@ -290,9 +296,9 @@ def test_a_failed_validation_is_logged_at_its_version_and_a_broken_reward_functi
 def test_a_validation_the_rollouter_does_not_settle_in_time_is_cancelled_and_counted(trainer):
     side = FakeRollouter(settle_hangs=True)
     t, _ = trainer(side, "trainer.test_freq=1")
-    t.version = 1
+    made(t, 1)
     t.push_weights()
-    t.version = 2
+    made(t, 2)
     t.push_weights()
     assert side.calls[:6] == ["pause", "transfer 1", "resume 1", "start 1", "pause", "settle"]
     assert side.calls[6:8] == ["cancel", "transfer 2"]  # cancelled before any weight moved
@@ -304,6 +310,6 @@ def test_val_async_false_keeps_the_validation_inside_the_sync(trainer):
     t, _ = trainer(side, "trainer.test_freq=1", "trainer.val_async=false")
     validated = []
     t.validate = lambda: validated.append(t.version) or {}
-    t.version = 1
+    made(t, 1)
     t.push_weights()
     assert side.calls == ["pause", "transfer 1", "resume 1"] and validated == [1]

@@ -38,7 +38,7 @@ def test_the_installed_transformers_is_supported():
     assert versions.transformers_problem() is None, versions.transformers_problem()
 
 
-@pytest.mark.parametrize("version", [TRANSFORMERS_MIN, "4.57.6", "5.0.0", "5.17.0", "5.24.0"])
+@pytest.mark.parametrize("version", [TRANSFORMERS_MIN, "4.57.6", "5.0.0", "5.17.0", "5.24.0", "5.24.9"])
 def test_supported_versions_pass(installed, version):
     installed(version)
     versions.check_transformers()
@@ -46,7 +46,8 @@ def test_supported_versions_pass(installed, version):
 
 @pytest.mark.parametrize(
     "version,why",
-    [("4.56.1", "too old"), ("4.55.4", "too old"), ("4.51.3", "too old"), ("6.0.0", "not tested"), ("6.0.0rc1", "not tested")],
+    [("4.56.1", "too old"), ("4.55.4", "too old"), ("4.51.3", "too old"), ("5.25.0", "newer than the newest release tested"),
+     ("6.0.0", "newer than the newest release tested"), ("6.0.0rc1", "newer than the newest release tested")],
 )
 def test_unsupported_versions_are_refused_naming_both_versions_and_the_fix(installed, version, why):
     installed(version)

@@ -10,6 +10,22 @@ class PipelineError(RuntimeError):
     """One side of the pipeline failed; the message carries the root cause."""
 
 
+class ReplicaLost(RuntimeError):
+    """The engine replica behind a proxy is gone: its process died, was restarted, or its node went away.
+
+    Raised by an engine proxy (rollout/replica.py `RemoteEngine`) instead of Ray's actor errors, so the
+    Rollouter moves the request to another replica and has this one healed (rollout/healing.py), and a
+    weight sync's fan-out (sync/ports.py) can leave it out. `restarted`: the replica answered, but from a
+    new process that holds no current weights yet.
+    """
+
+    def __init__(self, index: int, reason: str, restarted: bool = False) -> None:
+        super().__init__(f"engine replica {index} lost: {reason}")
+        self.index = index
+        self.reason = reason
+        self.restarted = restarted
+
+
 def innermost_cause(exc: BaseException) -> BaseException:
     """The exception the remote code raised, under the Ray task errors that carry it (`.cause`)."""
     while getattr(exc, "cause", None) is not None:

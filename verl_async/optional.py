@@ -1,4 +1,4 @@
-"""The optional heavy dependencies (vLLM, megatron-core, Ascend's torch_npu and MindSpeed): imported where first
+"""The optional heavy dependencies (vLLM, megatron-core, peft, Ascend's torch_npu and MindSpeed): imported where first
 needed, one error when missing.
 
 Everything else in verl_async is a plain import. These are extras (`pip install
@@ -32,6 +32,10 @@ VLLM = OptionalDependency(
 MEGATRON = OptionalDependency(
     "megatron.core", "actor_rollout_ref.actor.strategy=megatron",
     "pip install 'verl_async[megatron]' (or MindSpeed's Megatron-LM on PYTHONPATH)",
+)
+
+PEFT = OptionalDependency(
+    "peft", "actor_rollout_ref.model.lora_rank > 0 (LoRA)", "pip install 'verl_async[lora]' (peft)",
 )
 
 

@@ -7,10 +7,12 @@ options); if either side dies the other is stopped and the root cause is raised.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
+import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import ray
 from omegaconf import DictConfig, OmegaConf
@@ -20,20 +22,26 @@ from verl_async.config.run_paths import CACHE_KEY, absolute_paths, cache_root, s
 from verl_async.models.builtin import resolve_model_path
 from verl_async.models.loading import run_tokenizer
 from verl_async.queue import MessageQueue
-from verl_async.config.derived import (FINISH_TIMEOUT_RULE, colocated_device_ids, max_required_samples,
+from verl_async.config.derived import (FINISH_TIMEOUT_RULE, colocated_device_ids, cpu_threads, max_required_samples,
                                       replica_start_timeout_s, required_samples)
 from verl_async.config.resume import step_of
 from verl_async.errors import PipelineError, root_cause
+from verl_async.outcome import RunCounts, shortfall, zero_steps_error
+from verl_async.healing.report import heal_summary
+from verl_async.healing.trainer import TrainerSupervisor
 from verl_async.placement import NodePlan, PlacementError, check_plans, pin, where
 from verl_async.rollout.service import RolloutService, rollout_plan
+from verl_async.sync import sync_timeout_s
 from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
 from verl_async.trainer.trainer import Trainer, load_rollout_groups
 from verl_async.trainer.worker_group import FSDPWorkerGroup, trainer_node_plan
 from verl_async.utils.shared_dirs import SharedDir, mark, unmark, verify_here
+from verl_async.utils.threads import set_torch_threads, wait_policy_env
 from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
 
 logger = logging.getLogger("verl_async")
 
+LOGGER_ENV = ("TENSORBOARD_DIR", "VERL_FILE_LOGGER_PATH")  # where verl's loggers write (utils/tracking_backends.py)
 LOCAL_NODE_RESOURCE = 1.0  # what a local Ray carries of each named *.node_resource (as `ray start --resources`)
 
 # actor_rollout_ref.actor.strategy -> worker group (verl's FSDP1 "fsdp" runs as FSDP2). Megatron's module
@@ -56,13 +64,27 @@ class TrainerHost(Trainer):
     def __init__(self, cfg: Any, queue: Any, rollouter: Any, *, run_dir: str, run_start: float, pad_token_id: int,
                  shared_dirs: Sequence[SharedDir] = ()) -> None:
         verify_here(shared_dirs, "the trainer")
+        set_torch_threads(1)  # collates and prepares batches; the ranks compute (utils/threads.py)
         debug = cfg.debug
         load = debug.get("load_rollout_data")
         wg = None if debug.get("rollout_only") else build_worker_group(cfg, shared_dirs)
+        self._console: collections.deque[str] = collections.deque()  # the console logger's lines, for the driver
         super().__init__(
             cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=pad_token_id,
             worker_group=wg, group_source=load_rollout_groups(str(load)) if load else None,
+            console_sink=self._console.append,
         )
+
+    def progress(self) -> dict[str, Any]:
+        """The Trainer's progress and the console lines logged since the last call (the driver prints them above
+        its progress bar)."""
+        return {**super().progress(), "console": self.take_console()}
+
+    def take_console(self) -> list[str]:
+        lines = []
+        while self._console:
+            lines.append(self._console.popleft())
+        return lines
 
     def placement(self) -> str:
         """Where the worker group's ranks run ("" without one: rollout-only)."""
@@ -86,37 +108,85 @@ def ray_init(cfg: Any) -> bool:
     if ray.is_initialized():
         return False
     address, key = ray_address(cfg)
+    runtime_env = ray_runtime_env(cfg)
+    if address:
+        check_ray_address(cfg)
+        try:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        except (ConnectionError, RuntimeError, ValueError) as exc:  # the probe passed, ray.init did not
+            raise PipelineError(f"{key}={address}: ray.init failed: {' '.join(str(exc).split())}") from None
+        return True
+    num_cpus = cfg.ray_init.get("num_cpus")
+    pinned = {name: LOCAL_NODE_RESOURCE for name in node_resources(cfg)}
+    quiet_default_auth_notice()
+    ray.init(
+        num_cpus=None if num_cpus is None else int(num_cpus),
+        resources=pinned or None,
+        include_dashboard=False,
+        runtime_env=runtime_env,
+        log_to_driver=True,
+        logging_level=logging.WARNING,
+    )
+    return True
+
+
+def ray_runtime_env(cfg: Any) -> dict:
+    """What every Ray worker gets: verl_async's env_vars, merged with `ray_init.runtime_env` (verl's
+    `ray_kwargs.ray_init.runtime_env`) as verl merges it onto its defaults: the run's keys win, key by key.
+
+    One exception keeps the workers able to import verl_async: a PYTHONPATH of the run's is appended to ours,
+    not put in its place. Null values (verl's `py_executable: null`) mean Ray's default and are left out."""
     # Workers import verl_async from where this process did (a checkout run without `pip install -e` too).
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
     env = {
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+        # transformers' "Loading weights" bars, one per model load and process, come through Ray's log as
+        # garbled lines; the run's own progress is the driver's bar
+        "HF_HUB_DISABLE_PROGRESS_BARS": os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
         "PYTHONPATH": python_path,
         CACHE_KEY: cache_root(),
+        **wait_policy_env(),  # OpenMP threads sleep, not spin, while waiting (utils/threads.py)
     }
-    if cfg.actor_rollout_ref.rollout.get("true_on_policy"):  # BLAS settings read at process start
-        from verl_async.invariant.shapes import PROCESS_ENV
+    for name in LOGGER_ENV:  # verl's logger locations, as the driver means them (a relative path: its cwd)
+        if os.environ.get(name):
+            env[name] = os.path.abspath(os.path.expanduser(os.environ[name]))
+    if cfg.actor_rollout_ref.rollout.get("true_on_policy"):  # cuBLAS settings read at start / the CPU kind
+        from verl_async.invariant.shapes import worker_env
 
-        env.update(PROCESS_ENV)
-    if address:
-        check_ray_address(cfg)
-        try:
-            ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
-        except (ConnectionError, RuntimeError, ValueError) as exc:  # the probe passed, ray.init did not
-            raise PipelineError(f"{key}={address}: ray.init failed: {' '.join(str(exc).split())}") from None
-        return True
-    num_cpus = cfg.ray_init.get("num_cpus")
-    pinned = {name: LOCAL_NODE_RESOURCE for name in node_resources(cfg)}
-    ray.init(
-        num_cpus=None if num_cpus is None else int(num_cpus),
-        resources=pinned or None,
-        include_dashboard=False,
-        runtime_env={"env_vars": env},
-        log_to_driver=True,
-        logging_level=logging.WARNING,
-    )
-    return True
+        env.update(worker_env(str(cfg.trainer.device)))
+    ray_init_cfg = cfg.get("ray_init") or {}
+    extra = ray_init_cfg.get("runtime_env") or {}
+    if OmegaConf.is_config(extra):
+        extra = OmegaConf.to_container(extra, resolve=True)
+    extra = {k: v for k, v in dict(extra).items() if v is not None}
+    theirs = {str(k): str(v) for k, v in dict(extra.pop("env_vars", None) or {}).items()}
+    if "PYTHONPATH" in theirs:
+        theirs["PYTHONPATH"] = os.pathsep.join((env["PYTHONPATH"], theirs["PYTHONPATH"]))
+    return {**extra, "env_vars": {**env, **theirs}}
+
+
+class _DropDefaultAuthNotice(logging.Filter):
+    """Ray's "Token authentication is enabled for this Ray cluster" notice: the default this project keeps
+    (docs/architecture.md, Safety defaults), nothing for a user to do. Ray's other auth warnings pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith("Token authentication is enabled")
+
+
+def quiet_default_auth_notice() -> None:
+    auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropDefaultAuthNotice) for f in auth_log.filters):
+        auth_log.addFilter(_DropDefaultAuthNotice())
+
+
+def trainer_heals(cfg: Any) -> bool:
+    """Whether a dead trainer side restarts from its checkpoint (healing/trainer.py): trainer.max_restarts > 0, a
+    trainer to restart, and checkpoints to restart from (trainer.save_freq > 0: the queue keeps the groups taken
+    since the last one, which without checkpoints would be every group of the run)."""
+    return (int(cfg.trainer.get("max_restarts", 0) or 0) > 0 and int(cfg.trainer.save_freq or -1) > 0
+            and not cfg.debug.get("rollout_only"))
 
 
 def node_resources(cfg: Any) -> list[str]:
@@ -139,8 +209,12 @@ def _get(what: str, ref: Any, timeout: float, key: str = "trainer.worker_timeout
         raise PipelineError(f"{what} did not finish within {timeout:.0f} s; raise {key}") from exc
 
 
-def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show_progress: bool = True, total_steps: Optional[int] = None) -> dict[str, Any]:
-    """Wait for rollouter and trainer; the first failure stops the other and is raised."""
+def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show_progress: bool = True,
+              total_steps: Optional[int] = None, heal: Optional[Callable[[BaseException], Any]] = None) -> dict[str, Any]:
+    """Wait for rollouter and trainer; the first failure stops the other and is raised.
+
+    `heal(exc)`: a trainer failure that heals (healing/trainer.py) gives a new Trainer actor, whose run is
+    waited for instead; None: it does not heal."""
     from tqdm import tqdm
 
     pending = dict(refs)
@@ -156,6 +230,11 @@ def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show
                 try:
                     results[name] = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - re-raised with the root cause below
+                    healed = _heal(heal, exc) if name == "trainer" else None
+                    if healed is not None:
+                        trainer = stoppers["trainer"] = healed
+                        pending["trainer"] = healed.run.remote()
+                        continue
                     for other, handle in stoppers.items():
                         if other != name and handle is not None:
                             try:
@@ -167,6 +246,8 @@ def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show
                 prog = ray.get(trainer.progress.remote(), timeout=30)
             except Exception:  # noqa: BLE001 - a dead trainer shows up in ray.wait next round
                 continue
+            for line in prog.pop("console", []):
+                bar.write(line, file=sys.stdout)  # above the bar, never glued onto its line
             step = int(prog.get("step", 0))
             bar.update(step - last_step)
             last_step = step
@@ -181,6 +262,17 @@ def wait_both(refs: dict[str, Any], trainer: Any, stoppers: dict[str, Any], show
     return results
 
 
+def _heal(heal: Optional[Callable[[BaseException], Any]], exc: BaseException) -> Any:
+    """The healed trainer, or None; a restart that itself fails is the run's error, naming both."""
+    if heal is None:
+        return None
+    try:
+        return heal(exc)
+    except Exception as again:  # noqa: BLE001
+        raise PipelineError(f"the trainer failed: {root_cause(exc)}; restarting it failed: {root_cause(again)}") \
+            from again
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     run_start = time.time()
     debug = cfg.debug
@@ -188,6 +280,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # every path an actor sees, decided here: absolute, one run folder (config/run_paths.py)
     cfg = absolute_paths(OmegaConf.merge(cfg, {"actor_rollout_ref": {"model": {"path": model_path}}}))
     model_path = str(cfg.actor_rollout_ref.model.path)
+    if cfg.trainer.device == "cpu" and cfg.trainer.get("cpu_threads_per_worker") is None:  # the ranks' share of the cores
+        OmegaConf.update(cfg, "trainer.cpu_threads_per_worker", cpu_threads(cfg), merge=False)
     run_dir = str(cfg.trainer.default_local_dir)
     os.makedirs(run_dir, exist_ok=True)
     OmegaConf.save(cfg, os.path.join(run_dir, "config.yaml"))
@@ -226,7 +320,9 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
     except PlacementError as exc:
         raise PipelineError(str(exc)) from None
     try:
-        queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(capacity, int(cfg.actor_rollout_ref.rollout.n))
+        heals = trainer_heals(cfg)  # healing/trainer.py: the queue keeps the groups taken since the last checkpoint
+        queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(
+            capacity, int(cfg.actor_rollout_ref.rollout.n), keep_taken=heals)
         actors.append(queue)
         rollouter = None
         if not train_only:
@@ -235,11 +331,14 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
                 cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start, shared_dirs=shared
             )
             actors.append(rollouter)
-        trainer = _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4,
-                             **pin(cfg.trainer.get("node_resource"))).remote(
-            cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id),
-            shared_dirs=shared,
-        )
+        def start_trainer(dirs: Sequence[SharedDir] = ()) -> Any:
+            return _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4,
+                              **pin(cfg.trainer.get("node_resource"))).remote(
+                cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id),
+                shared_dirs=dirs,
+            )
+
+        trainer = start_trainer(shared)
         actors.append(trainer)
         # each actor's start (its replicas or ranks, their nodes' folders) fails here, named, before the resume
         # (the engines' own deadline, rollout.start_timeout_s, fires first)
@@ -265,24 +364,40 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
         if rollouter is not None and bool(cfg.trainer.val_before_train):
             before, failure = _get("the validation before training", trainer.validate_before_training.remote(),
                                    timeouts["validation_s"] + 60, key="trainer.val_timeout_s")
+            _print_console(trainer, timeout)
             if failure:
                 print(f"warning: the validation before training (version {version}) failed, training goes on: "
                       f"{failure}", flush=True)
             elif before:
                 print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
+        supervisor = TrainerSupervisor(start_trainer, trainer, queue, rollouter,
+                                       max_restarts=int(cfg.trainer.max_restarts) if heals else 0, timeout_s=timeout,
+                                       sync_timeout_s=sync_timeout_s(cfg), start_step=int(resumed["step"]),
+                                       on_new=actors.append)
         refs = {"trainer": trainer.run.remote()}
         if rollouter is not None:
             refs["rollouter"] = rollouter.run.remote()
-        results = wait_both(refs, trainer, {"trainer": trainer, "rollouter": rollouter}, total_steps=total_steps)
+        results = wait_both(refs, trainer, {"trainer": trainer, "rollouter": rollouter}, total_steps=total_steps,
+                            heal=supervisor.heal if heals else None)
+        trainer = supervisor.trainer
         after = _get("the final sync, checkpoint and validation", trainer.finish.remote(), timeouts["finish_s"],
                      key=f"trainer.finish_timeout_s ({FINISH_TIMEOUT_RULE})")
+        _print_console(trainer, timeout)
         if after:
             print(f"validation after training (version {results['trainer']['version']}): {_fmt(after)}", flush=True)
         results["trainer"]["validation_failures"] = _get(
             "the trainer summary", trainer.summary.remote(), timeout)["validation_failures"]  # finish's too
-        return _summarise(run_dir, results, before, after, time.time() - run_start)
+        results["trainer_restarts"] = supervisor.summary()
+        return _summarise(run_dir, results, before, after, time.time() - run_start, planned=total_steps,
+                          per_step=required_samples(cfg), load_pattern=debug.get("load_rollout_data"))
     finally:
         _teardown(actors, timeout=60)
+
+
+def _print_console(trainer: Any, timeout: float) -> None:
+    """The Trainer's console lines not printed yet (logged after the last progress poll)."""
+    for line in _get("the trainer's console lines", trainer.take_console.remote(), timeout):
+        print(line, flush=True)
 
 
 def _placement(trainer: Any, rollouter: Any, timeout: float) -> str:
@@ -318,7 +433,10 @@ def _fmt(metrics: dict[str, float]) -> str:
     return line
 
 
-def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: float) -> dict[str, Any]:
+def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: float, *,
+               planned: Optional[int] = None, per_step: int = 1, load_pattern: Optional[str] = None) -> dict[str, Any]:
+    """Print the run's end (warnings, then one last line) and return its summary; a run that trained nothing
+    raises PipelineError saying why and what to change (verl_async/outcome.py)."""
     timeline_path = os.path.join(run_dir, "timeline.jsonl")
     summary: dict[str, Any] = {"wall_s": wall, "run_dir": run_dir, "val_before": before, "val_after": after}
     summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items() if k != "validation"})
@@ -335,6 +453,13 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
         summary["trainer_busy_fraction"] = busy_fraction(spans, "trainer/driver", ("train", "logprob"), wall)
     for index, why in rollout.get("replicas_out", {}).items():
         print(f"warning: engine replica {index} was taken out of rotation: {why}", flush=True)
+    summary.update(heal_summary(rollout.get("replica_heals", []), results.get("trainer_restarts", [])))
+    resume = rollout.get("resume")
+    if resume:  # rollout/partials.py: what the checkpoint held in flight was continued, not generated again
+        summary.update({f"resume/{k}": v for k, v in resume.items()})
+        print(f"resume: {resume['continued_responses']} response(s) in flight at the checkpoint continued "
+              f"({resume['continued_tokens']} of its {resume['saved_tokens']} tokens), "
+              f"{resume['regenerated_tokens']} token(s) regenerated", flush=True)
     failures = results.get("trainer", {}).get("validation_failures", [])
     if failures:
         print(f"warning: {len(failures)} validation(s) failed and were skipped, training went on (versions "
@@ -349,10 +474,19 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
         print(f"warning: the reward function failed on {rollout['reward_errors']} of {rollout.get('reward_scored', 0)} "
               f"scored responses (scored 0; the first failures are in the log; reward_model.max_error_rate)", flush=True)
     steps, start = summary.get("trainer/steps", 0), summary.get("trainer/start_step", 0)
+    counts = RunCounts(trained=steps - start, step=steps, planned=planned, per_step=per_step,
+                       queued=rollout.get("finished_groups") if rollout else None,
+                       filtered=int(rollout.get("filtered_groups", 0)), failed_prompts=int(rollout.get("failed_prompts", 0)),
+                       dropped_stale=int(summary.get("trainer/dropped_stale_groups", 0) or 0),
+                       load_pattern=None if load_pattern is None else str(load_pattern))
+    failed = zero_steps_error(counts)
+    if failed:
+        raise PipelineError(f"{failed} (outputs in {run_dir})")
     resumed = f" (resumed at step {start}, now at step {steps})" if start else ""
+    short = shortfall(counts)
     print(
         f"done in {wall:.1f}s: {steps - start} steps trained{resumed}, version {summary.get('trainer/version', 0)}, "
-        f"outputs in {run_dir} (tensorboard/, timeline.html, rollout/lengths.jsonl)",
+        f"outputs in {run_dir} (tensorboard/, timeline.html, rollout/lengths.jsonl)" + (f"; {short}" if short else ""),
         flush=True,
     )
     return summary

@@ -184,12 +184,14 @@ def reserve(plan: NodePlan, timeout_s: float) -> Reservation:
     import ray
     from ray.util.placement_group import placement_group
 
+    from verl_async.utils.waiting import resolve
+
     found = plan.problem(alive_nodes())
     if found is not None:
         raise found
     reservation = Reservation(plan, placement_group(plan.bundles(), strategy=plan.strategy))
     try:
-        ray.get(reservation.pg.ready(), timeout=timeout_s)
+        resolve(reservation.pg.ready(), timeout_s)  # no ray.get: the Rollouter (an async actor) reserves too
     except ray.exceptions.GetTimeoutError:
         reservation.release()
         raise PlacementError(

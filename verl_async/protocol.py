@@ -50,6 +50,11 @@ class Response:
     # What the agent loop reports (num_turns, tool_rewards, rollout_reward_scores, ...): the reward
     # function receives it in extra_info, as verl passes its agent loop's fields.
     agent_info: dict[str, Any] = field(default_factory=dict)
+    # On-policy distillation (verl_async/teachers/): the teacher's log-prob of each token (temperature 1), and with
+    # a top-k loss its k most likely tokens and their log-probs at each position ([len][k]); None: no teacher.
+    teacher_log_probs: Optional[list[float]] = None
+    teacher_topk_ids: Optional[list[list[int]]] = None
+    teacher_topk_log_probs: Optional[list[list[float]]] = None
 
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.log_probs) == len(self.versions)):
@@ -63,6 +68,11 @@ class Response:
                                  "must have the same length")
             if any(m not in (0, 1) for m in self.loss_mask):
                 raise ValueError("Response.loss_mask holds values other than 0 and 1")
+        for name in ("teacher_log_probs", "teacher_topk_ids", "teacher_topk_log_probs"):
+            value = getattr(self, name)
+            if value is not None and len(value) != len(self.token_ids):
+                raise ValueError(f"Response: {name} ({len(value)}) and token_ids ({len(self.token_ids)}) must have the "
+                                 "same length")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"Response.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 
@@ -192,8 +202,10 @@ def collate_groups(samples: Sequence[RolloutSample], pad_token_id: int) -> "Tens
         group_index[i] = g
     attention_mask = torch.cat([prompt_mask, layout], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    teachers = _teacher_tensors([r for _, _, r in rows], max_t)
     return TensorDict(
         {
+            **teachers,
             "prompts": prompts,
             "responses": responses,
             "input_ids": torch.cat([prompts, responses], dim=1),
@@ -207,3 +219,32 @@ def collate_groups(samples: Sequence[RolloutSample], pad_token_id: int) -> "Tens
         },
         batch_size=[batch],
     )
+
+
+def _teacher_tensors(responses: Sequence[Response], width: int) -> dict[str, torch.Tensor]:
+    """`teacher_log_probs` [B, T] and, with top-k, `teacher_topk_ids` / `teacher_topk_log_probs` [B, T, K] (0 on
+    padding); {} when no response has a teacher's scores. All responses of a batch have them, or none."""
+    has = [r.teacher_log_probs is not None for r in responses]
+    if not any(has):
+        return {}
+    if not all(has):
+        raise ValueError("collate_groups: some responses carry teacher log-probs and some do not (distillation "
+                         "needs them for every response)")
+    out = {"teacher_log_probs": torch.zeros((len(responses), width), dtype=torch.float32)}
+    for i, r in enumerate(responses):
+        if len(r):
+            out["teacher_log_probs"][i, : len(r)] = torch.tensor(r.teacher_log_probs, dtype=torch.float32)
+    topk = [r.teacher_topk_ids for r in responses]
+    if all(t is None for t in topk):
+        return out
+    ks = {len(row) for r in responses for row in (r.teacher_topk_ids or [])}
+    if any(t is None for t in topk) or len(ks) > 1:
+        raise ValueError("collate_groups: teacher top-k ids missing on some responses or of different k")
+    k = ks.pop() if ks else 1
+    out["teacher_topk_ids"] = torch.zeros((len(responses), width, k), dtype=torch.long)
+    out["teacher_topk_log_probs"] = torch.zeros((len(responses), width, k), dtype=torch.float32)
+    for i, r in enumerate(responses):
+        if len(r):
+            out["teacher_topk_ids"][i, : len(r)] = torch.tensor(r.teacher_topk_ids, dtype=torch.long)
+            out["teacher_topk_log_probs"][i, : len(r)] = torch.tensor(r.teacher_topk_log_probs, dtype=torch.float32)
+    return out

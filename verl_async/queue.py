@@ -4,6 +4,11 @@ A bounded FIFO of complete groups (`RolloutSample`). It never drops: a put into 
 full queue waits (back-pressure on the Rollouter), a get waits for enough groups or
 a timeout. It is a plain asyncio class; `recipe` wraps it as an async Ray actor, and
 tests drive it in-process.
+
+With `keep_taken` (the trainer heals: healing/trainer.py) it also keeps the groups taken since
+the last checkpoint the trainer published (`checkpointed`): a trainer restarted from that
+checkpoint lost their updates, so `rewind` puts them back at the front, in the order they were
+taken. Every group is then trained exactly once against the restored checkpoint.
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ class QueueStats:
 
 
 class MessageQueue:
-    def __init__(self, capacity: int, group_size: Optional[int] = None) -> None:
+    def __init__(self, capacity: int, group_size: Optional[int] = None, keep_taken: bool = False) -> None:
         if capacity < 1:
             raise ValueError(f"MessageQueue capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.group_size = group_size
+        self.keep_taken = bool(keep_taken)
+        self._taken: list[RolloutSample] = []  # taken since the last checkpoint (keep_taken)
+        self._checkpoint: Optional[str] = None  # the checkpoint those groups are counted against (None: the start)
         self._items: collections.deque[RolloutSample] = collections.deque()
         self._cond = asyncio.Condition()
         self._closed = False
@@ -67,8 +75,10 @@ class MessageQueue:
             self._produced += 1
             self._cond.notify_all()
 
-    async def get_batch(self, count: int, timeout: Optional[float] = None) -> list[RolloutSample]:
-        """Take exactly `count` groups in FIFO order.
+    async def get_batch(self, count: int, timeout: Optional[float] = None,
+                        oldest_first: bool = False) -> list[RolloutSample]:
+        """Take exactly `count` groups in FIFO order (`oldest_first`: those admitted under the oldest weight
+        version first, FIFO among equals: verl's V1 sampler order, verl_async/off_policy.py).
 
         Returns fewer only when the queue is closed and drained (the run's end);
         raises TimeoutError if `count` groups do not arrive in time (nothing is taken).
@@ -85,8 +95,16 @@ class MessageQueue:
             finally:
                 self._get_wait += loop.time() - start
             take = min(count, len(self._items))
-            batch = [self._items.popleft() for _ in range(take)]
+            if oldest_first:
+                order = sorted(range(len(self._items)), key=lambda i: (self._items[i].param_version_start, i))
+                batch = [self._items[i] for i in order[:take]]
+                chosen = set(order[:take])
+                self._items = collections.deque(s for i, s in enumerate(self._items) if i not in chosen)
+            else:
+                batch = [self._items.popleft() for _ in range(take)]
             self._consumed += take
+            if self.keep_taken:
+                self._taken.extend(batch)
             self._cond.notify_all()
             return batch
 
@@ -117,9 +135,29 @@ class MessageQueue:
         """The queued groups as plain dicts (for checkpoints: nothing lost on resume)."""
         return [s.to_dict() for s in self._items]
 
-    async def restore(self, samples: list[dict]) -> None:
-        """Put back groups from a checkpoint, ahead of anything new (keeps FIFO order)."""
+    async def restore(self, samples: list[dict], checkpoint: Optional[str] = None) -> None:
+        """Put back groups from `checkpoint`, ahead of anything new (keeps FIFO order)."""
         async with self._cond:
             restored = [RolloutSample.from_dict(d) for d in samples]
             self._items.extendleft(reversed(restored))
+            self._taken.clear()
+            self._checkpoint = checkpoint
             self._cond.notify_all()
+
+    def checkpointed(self, path: str) -> None:
+        """The trainer published `path`: the groups taken so far are in it."""
+        self._taken.clear()
+        self._checkpoint = path
+
+    async def rewind(self) -> dict:
+        """The trainer restarts from the last checkpoint it published: the groups it took since go back to the front.
+
+        Returns {"checkpoint": that checkpoint's path (None: the run's start), "groups": how many came back}.
+        """
+        async with self._cond:
+            back = len(self._taken)
+            self._items.extendleft(reversed(self._taken))
+            self._consumed -= back
+            self._taken = []
+            self._cond.notify_all()
+            return {"checkpoint": self._checkpoint, "groups": back}

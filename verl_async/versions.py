@@ -1,7 +1,7 @@
 """The transformers releases verl_async supports, and the start-up check that refuses others.
 
 The range is pyproject.toml's `transformers` requirement (tests/test_versions.py keeps the
-two equal). Why these bounds (README "Supported versions"):
+two equal). Why these bounds (docs/versions.md):
 
 * 4.56.0 and 4.56.1: `get_decoder()` of a CausalLM returns None (transformers issue 40815,
   fixed in 4.56.2); the native engine's prefill calls the decoder and fails;
@@ -9,12 +9,14 @@ two equal). Why these bounds (README "Supported versions"):
   (the keyword reaches the model's __init__: TypeError); below 4.53 transformers has no
   `masking_utils` at all, so a packed sdpa forward would not detect packing from
   `position_ids` and packed sequences would attend to each other, silently;
-* 6 is a future major: majors change the interfaces the native engine and the trainer
-  plug into (the KV cache protocol, attention/mask registries, tokenizer files), so it is
-  refused until it is tested.
+* the top is the newest release tested, 5.24 (5.25 and later are refused until tested): minors
+  change the interfaces the native engine and the trainer plug into (5.24 renamed the forward's
+  `past_key_values` to `cache` and removes the old name in 5.40; the engine reads the keyword from
+  the signature, `rollout/native/runner.py` `cache_keyword`), and a release nobody ran is not
+  promised. Raise TRANSFORMERS_BELOW (and pyproject.toml) after the suite passed on the newer one.
 
-CI runs the whole suite on the newest release and the engine, trainer and pipeline tests on
-TRANSFORMERS_MIN (scripts/setup_tfmin.sh). The check reads the installed version from
+CI runs the whole suite on the newest release the range allows and the engine, trainer and pipeline
+tests on TRANSFORMERS_MIN (scripts/setup_tfmin.sh). Tested: 4.56.2, 5.17 (the GPU image), 5.24. The check reads the installed version from
 package metadata (no import of transformers or torch), so config checks can run it early.
 """
 
@@ -25,8 +27,9 @@ import re
 from typing import Optional
 
 TRANSFORMERS_MIN = "4.56.2"  # the floor CI tests (scripts/setup_tfmin.sh installs exactly this)
-TRANSFORMERS_BELOW = "6"  # first release not supported
-TRANSFORMERS_REQUIREMENT = "transformers>=4.56.2,<6"  # as in pyproject.toml
+TRANSFORMERS_NEWEST_TESTED = "5.24"  # the newest release the suite passed on (CPU, 2026-11-27)
+TRANSFORMERS_BELOW = "5.25"  # first release not supported (not tested yet)
+TRANSFORMERS_REQUIREMENT = "transformers>=4.56.2,<5.25"  # as in pyproject.toml
 
 
 class UnsupportedTransformersError(ImportError):
@@ -63,11 +66,11 @@ def transformers_problem(installed: Optional[str] = None) -> Optional[str]:
     if release < low:
         why = "too old"
     elif release >= high:
-        why = "a major release not tested yet"
+        why = f"newer than the newest release tested, {TRANSFORMERS_NEWEST_TESTED}"
     else:
         return None
     return (f"transformers {installed} is installed ({why}); verl_async needs {TRANSFORMERS_REQUIREMENT} "
-            f"(tested in CI: {TRANSFORMERS_MIN} and the newest 5.x): {fix}")
+            f"(tested: {TRANSFORMERS_MIN}, 5.17 and {TRANSFORMERS_NEWEST_TESTED}): {fix}")
 
 
 def check_transformers(installed: Optional[str] = None) -> None:

@@ -32,6 +32,13 @@ case "$cmd" in
       python3 -m pip install -q --no-deps --no-index --target "$SITE" .whl/pydantic-*.whl .whl/pydantic_core-*.whl \
         .whl/annotated_types-*.whl .whl/typing_inspection-*.whl
     fi
+    # peft (LoRA, verl_async/trainer/lora.py) when carried: scripts/device/extra_wheels.sh puts it in .whl/
+    if ! PYTHONPATH="$SITE" python3 -c "import peft" 2>/dev/null && ls .whl/peft-*.whl >/dev/null 2>&1; then
+      for w in peft accelerate psutil; do
+        PYTHONPATH="$SITE" python3 -c "import $w" 2>/dev/null || \
+          python3 -m pip install -q --no-deps --no-index --target "$SITE" .whl/$w-*.whl
+      done
+    fi
     ;;
   vllm)
     if [ -f "$SITE/VERL_ASYNC_CARRY_MANIFEST" ]; then echo "vLLM already unpacked in $SITE"; exit 0; fi

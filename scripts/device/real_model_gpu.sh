@@ -28,7 +28,12 @@
 #                      sync   staleness 0, partial rollout off, with 0.5-2 s per tool call  } TOOLS_CMP_STEPS (24) steps,
 #                      async  staleness 0.5, partial rollout on, with 0.5-2 s per tool call } item 9; both start from
 #                             $TOOLS_MODEL (default: the HF model the learn run with the same SEED saved, else the model)
-#   readme:NAME      the README's bash block marked `<!-- gpu-command: NAME -->`, run verbatim with bash from the repo root
+#   heal:MODE-SEED   train:MODE-SEED as the run MODE-SEED-heal, with trainer.save_freq=HEAL_SAVE_FREQ (4); once its
+#                    console shows step HEAL_REPLICA_STEP (8) the rollout GPU's engine replica process gets SIGKILL, at
+#                    step HEAL_TRAINER_STEP (16) the trainer rank's (issue 40 item 5, docs/healing.md); the run goes on
+#                    by itself. $STORE/MODE-SEED-heal.tar.gz and heal-MODE-SEED.console.log (the kills, what healed, the
+#                    validations)
+#   readme:NAME      the bash block marked `<!-- gpu-command: NAME -->` in README.md or docs/*.md, run verbatim with bash from the repo root
 #                    (HOME=/root), timed; its console in $STORE/readme-NAME.log, its run folder archived as
 #                    $STORE/readme-NAME.tar.gz (the block's trainer.default_local_dir, else outputs/)
 #   megatron         scripts/device/megatron_gpu_check.sh ($STORE/megatron_check.tar.gz); megatron-core comes from
@@ -45,17 +50,9 @@
 # stashed like the model's) with VLLM_MEM (gpu_memory_utilization, default 0.3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/real_model_out}
-STORE=/tmp/real_model_store
-RUNS=/tmp/runs/real_model
-mkdir -p "$OUT" "$STORE" "$RUNS"
-# shellcheck source=scripts/device/queue.sh
-source scripts/device/queue.sh
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
-export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
+# shellcheck source=scripts/device/session.sh
+source scripts/device/session.sh && device_session real_model
 export VLLM_USE_FLASHINFER_SAMPLER=0   # the carried vLLM has no flashinfer (stripped); its sampler import would fail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
 MODEL=builtin://smollm2-135m-instruct
 DATA=/tmp/data/arith
 GSM8K=/tmp/data/gsm8k
@@ -119,6 +116,43 @@ train() {  # train [vllm-]MODE SEED
   (cd "$dir" && tar czf "$STORE/$name.tar.gz" --ignore-failed-read console.log tensorboard timeline.jsonl \
       timeline.html rollout config.yaml 2>/dev/null)
   [ $rc -eq 0 ] || status=1
+}
+
+descendants() {  # descendants PID: every process under PID (Ray's workers are under the driver's raylet)
+  local child
+  for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done
+}
+
+heal() {  # heal MODE SEED: a run whose rollout replica and trainer rank are killed with SIGKILL mid-run (issue 40)
+  local mode=$1 seed=$2 name="$1-$2-heal" job log="$STORE/heal-$1-$2.console.log"
+  RUN_TAG=heal TRAIN_EXTRA="${TRAIN_EXTRA:-} trainer.save_freq=${HEAL_SAVE_FREQ:-4}" train "$mode" "$seed" &
+  job=$!
+  : > "$log"
+  kill_at() {  # kill_at STEP WHAT: when the console shows STEP, SIGKILL the run's process named ray::WHAT (by its pid)
+    local at=$1 what=$2 step pid
+    while kill -0 "$job" 2>/dev/null; do
+      step=$(grep -aoE '\[ *[0-9]+\] [a-z_]+/' "$RUNS/$name/console.log" 2>/dev/null | sed -E 's/^\[ *([0-9]+)\].*/\1/' \
+             | sort -n | tail -1)
+      if [ "${step:-0}" -ge "$at" ]; then
+        for pid in $(descendants "$job"); do
+          if tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qE "^ray::([^ ]*:)?$what"; then
+            echo "$(date +%T) step $step: kill -9 $pid ($what on GPU $(nvidia-smi --query-compute-apps=pid,gpu_uuid \
+              --format=csv,noheader | grep "^$pid," | cut -d, -f2))" | tee -a "$log"
+            kill -9 "$pid"
+            return
+          fi
+        done
+        echo "$(date +%T) step $step: no ray::$what process found" | tee -a "$log"
+        return
+      fi
+      sleep 2
+    done
+  }
+  kill_at "${HEAL_REPLICA_STEP:-8}" EngineReplica
+  kill_at "${HEAL_TRAINER_STEP:-16}" FSDPWorker
+  wait "$job" || status=1
+  grep -aE "healed|rejoined|the trainer died|taken out of rotation|validation|done in|run failed" \
+    "$RUNS/$name/console.log" | tee -a "$log"
 }
 
 tools_train() {  # tools_train MODE SEED: multi-turn runs of issue 23 (items 8 and 9)
@@ -199,9 +233,11 @@ PY
       ls "$OUT" ;;
     readme:*)  # a README command exactly as a user runs it (python = this image's python3)
       name=${phase#readme:}
-      block=$(awk -v tag="<!-- gpu-command: $name -->" '$0 == tag {found=1; next} found && /^```bash/ {inb=1; next}
-              inb && /^```/ {exit} inb {print}' README.md)
-      [ -n "$block" ] || { echo "README.md has no block marked gpu-command: $name" >&2; status=2; continue; }
+      # README.md and the docs pages (docs/*.md) hold the marked blocks; an unmeasured one is run the same way
+      block=$(awk -v tag="<!-- gpu-command: $name -->" -v tag2="<!-- gpu-command-unmeasured: $name -->" \
+              '$0 == tag || $0 == tag2 {found=1; next} found && /^```bash/ {inb=1; next}
+              inb && /^```/ {exit} inb {print}' README.md docs/*.md)
+      [ -n "$block" ] || { echo "README.md and docs/*.md have no block marked gpu-command: $name" >&2; status=2; continue; }
       # `python` runs python3 (a symlink would lose the image's venv: Python finds pyvenv.cfg beside the link)
       mkdir -p /tmp/pybin && rm -f /tmp/pybin/python && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/pybin/python
       chmod +x /tmp/pybin/python
@@ -296,6 +332,8 @@ PY
       spec=${phase#train:}; train "${spec%-*}" "${spec##*-}" ;;
     tools:*)
       spec=${phase#tools:}; tools_train "${spec%-*}" "${spec##*-}" ;;
+    heal:*)
+      spec=${phase#heal:}; heal "${spec%-*}" "${spec##*-}" ;;
     *)
       echo "unknown phase $phase (stash setup engine[:qwen] engineprof ipctest trainbench megatron train:MODE-SEED queue:A,B wait:SECONDS)" >&2; status=2 ;;
   esac

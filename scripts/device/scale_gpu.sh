@@ -13,16 +13,8 @@
 #   wait:SECONDS           wait for the queue, then copy what finished to $OUT (and a snapshot of runs still going)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/scale_out}
-STORE=/tmp/scale_store
-RUNS=/tmp/runs/scale
-mkdir -p "$OUT" "$STORE" "$RUNS"
-# shellcheck source=scripts/device/queue.sh
-source scripts/device/queue.sh
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=1
-export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
+# shellcheck source=scripts/device/session.sh
+source scripts/device/session.sh && device_session scale
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 status=0
 

@@ -48,6 +48,28 @@ def test_mask_mode_keeps_weights_and_drops_tokens():
     assert met["rejected_token_frac"] == pytest.approx(2 / 5)
 
 
+def test_same_version_tokens_get_weight_one_and_no_rejection_when_their_log_probs_agree():
+    """True on-policy mode: the tokens of the trainer's version have old == rollout (here (0,0) and (1,1)): weight
+    exactly 1 and never rejected, so the weights != 1 and the rejections all come from the stale tokens."""
+    same = torch.tensor([[True, False, False], [False, True, True]])  # (1,2) is padding: not counted
+    _, m, met = rollout_correction(OLD, ROLLOUT, MASK, mode="mask", lower=0.5, upper=2.0, same_version=same)
+    assert met["same_version_weight_dev_max"] == 0.0 and met["same_version_rejected_frac"] == 0.0
+    assert met["rejected_token_frac"] == pytest.approx(2 / 5)  # the two stale tokens outside [0.5, 2]
+    # a same-version token whose log-probs differ (the mode off): its weight and rejection show
+    same[0, 1] = True
+    _, _, met = rollout_correction(OLD, ROLLOUT, MASK, mode="mask", lower=0.5, upper=2.0, same_version=same)
+    assert met["same_version_weight_dev_max"] == pytest.approx(E - 1)
+    assert met["same_version_rejected_frac"] == pytest.approx(1 / 3)
+    # sequence level: only sequences of same-version tokens count; row 1 (e^0.5) is one, row 0 is not
+    same = torch.tensor([[True, True, False], [True, True, False]])
+    _, _, met = rollout_correction(OLD, ROLLOUT, MASK, level="sequence", upper=None, rs=True, rs_upper=1.5,
+                                   same_version=same)
+    assert met["same_version_weight_dev_max"] == pytest.approx(math.exp(0.5) - 1)
+    assert met["same_version_rejected_frac"] == 1.0
+    _, _, met = rollout_correction(OLD, ROLLOUT, MASK, same_version=torch.zeros(2, 3, dtype=torch.bool))
+    assert "same_version_weight_dev_max" not in met and "same_version_rejected_frac" not in met
+
+
 def test_rejection_sampling_at_sequence_level():
     w, m, met = rollout_correction(OLD, ROLLOUT, MASK, upper=3.0, rs=True, rs_level="sequence", rs_lower=0.9, rs_upper=1.5)
     torch.testing.assert_close(w, _t([[1.0, E, 1 / E], [math.exp(0.5), 1.0, 0.0]]))  # IS weights unchanged

@@ -64,3 +64,29 @@ def test_static_decode_path_gives_exact_log_probs(tiny_model_dir):
             logits = model(ids).logits[0, len(r.prompt_ids) - 1 : -1]
         ref = torch.log_softmax(logits / 0.9, -1).gather(-1, torch.tensor(res.token_ids)[:, None])[:, 0]
         assert (ref - torch.tensor(res.log_probs)).abs().max().item() < 1e-4
+
+
+def test_the_hf_forward_gets_the_cache_by_the_keyword_it_takes_and_warns_nothing(tiny_model_dir):
+    """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns on every forward, 126 times a demo);
+    the floor (4.56.2) knows only the old name and would drop `cache` into **kwargs, attending to nothing cached.
+    Decoding through the HF forward (fast decode off) must match a full forward exactly, without a warning."""
+    import inspect
+    import warnings
+
+    from verl_async.rollout.native.runner import cache_keyword
+
+    model = load_causal_lm(tiny_model_dir).eval().requires_grad_(False)
+    takes_cache = "cache" in inspect.signature(model.forward).parameters
+    assert cache_keyword(model) == ("cache" if takes_cache else "past_key_values")
+    runner = ModelRunner(model, device=resolve("cpu"), num_slots=2, slot_len=32, fast_decode=False)
+    prompts = [[5, 9, 14, 3], [7, 2]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a FutureWarning (or any other) fails the test
+        last = runner.prefill(prompts, [0, 1])
+        nxt = last.argmax(-1)
+        runner.set_rows([0, 1], nxt, [len(p) for p in prompts])
+        step = runner.decode(2, max(len(p) for p in prompts))
+    for row, p in enumerate(prompts):
+        full = model(input_ids=torch.tensor([p + [int(nxt[row])]])).logits[0].float()
+        torch.testing.assert_close(last[row], full[-2], rtol=0, atol=1e-5)
+        torch.testing.assert_close(step[row], full[-1], rtol=0, atol=1e-5)

@@ -15,11 +15,16 @@ import torch
 
 from verl_async.algos import compute_advantages, logprobs_and_entropy, rollout_correction
 from verl_async.algos.advantages import compute_reinforce_plus_plus_advantage, scores_to_token_rewards
+from verl_async.algos.policy_losses import POLICY_LOSSES
 from verl_async.protocol import Response, RolloutSample, collate_groups
 from verl_async.trainer.batching import build_model_inputs, gather_rows
 from verl_async.trainer.loss import LossConfig, actor_loss
 
 M, T = 1, 0  # a model token, a tool (inserted) token
+# every policy loss's own keys, each at a value that makes its special branch act on this small batch
+LOSS_PARAMS = dict(dro_beta=0.1, clip_cov_ratio=0.2, clip_cov_lb=-10.0, clip_cov_ub=10.0, kl_cov_ratio=0.2,
+                   ppo_kl_coef=0.5, tau_pos=1.0, tau_neg=1.05, rollout_rs="token_k1,seq_mean_k3",
+                   rollout_rs_threshold="0.5_2.0,0.5", rollout_is="token", loss_type="ppo_clip")
 
 
 def multi_turn_response(tokens, mask, version=3, reward=1.0) -> Response:
@@ -105,13 +110,17 @@ def tiny_model(tiny_model_dir):
     return load_causal_lm(tiny_model_dir, attn_implementation="eager").float().train()
 
 
-@pytest.mark.parametrize("packed", [True, False])
-def test_tool_token_logits_get_zero_gradient_and_change_no_loss(tiny_model, packed):
+@pytest.mark.parametrize("packed,loss_mode", [(True, "vanilla"), (False, "vanilla")] + [
+    (packed, mode) for mode in POLICY_LOSSES if mode != "vanilla" for packed in (mode in ("gspo", "bypass_mode"),)])
+def test_tool_token_logits_get_zero_gradient_and_change_no_loss(tiny_model, packed, loss_mode):
+    """Every policy loss (verl 0.9's loss_mode registry): tool tokens get no gradient and change nothing."""
     vocab = tiny_model.config.vocab_size
     cfg = LossConfig(loss_agg_mode="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0,
-                     entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl")
+                     entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
+                     loss_mode=loss_mode, policy_loss=LOSS_PARAMS)
 
     def step(poison: bool):
+        torch.manual_seed(0)  # clip_cov draws its detached tokens from the global generator
         batch = _batch(vocab, seed=1, poison=poison)
         mask = batch["response_mask"]
         tool = (batch["attention_mask"][:, batch["prompts"].shape[1]:] == 1) & (mask == 0)
@@ -159,9 +168,13 @@ def test_tool_token_logits_get_zero_gradient_and_change_no_loss(tiny_model, pack
         assert rc_poisoned[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_micro_batches_of_multi_turn_rows_add_up_to_the_mini_batch(mode):
-    """The update plan's normalisers count model tokens only; split any way, the shares sum to the whole."""
+@pytest.mark.parametrize("mode,loss_mode", [(m, "vanilla") for m in ("token-mean", "seq-mean-token-mean",
+                                                                      "seq-mean-token-sum-norm", "token-sum")] + [
+    ("seq-mean-token-sum", m) for m in POLICY_LOSSES if m not in ("vanilla", "clip_cov", "kl_cov")])
+def test_micro_batches_of_multi_turn_rows_add_up_to_the_mini_batch(mode, loss_mode):
+    """The update plan's normalisers count model tokens only; split any way, the shares sum to the whole.
+
+    For every policy loss but clip_cov and kl_cov, whose token selection is the micro-batch's own (as in verl)."""
     from verl_async.trainer.batching import plan_update, sequence_lengths
 
     batch = _batch(vocab=200, seed=4, poison=False)
@@ -172,7 +185,8 @@ def test_micro_batches_of_multi_turn_rows_add_up_to_the_mini_batch(mode):
     batch["loss_mask"] = mask
     logp = (batch["old_log_probs"] + 0.2 * torch.randn(mask.shape, generator=gen)).requires_grad_(True)
     cfg = LossConfig(loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0,
-                     entropy_coeff=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="kl")
+                     entropy_coeff=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="kl", loss_mode=loss_mode,
+                     policy_loss=LOSS_PARAMS)
     p, r = sequence_lengths(batch)
     assert r.tolist() == [8, 4, 9, 4]  # the layout counts tool tokens (they are forwarded)
     (plan,) = plan_update(batch["group_index"], (p + r).tolist(), mask, mini_groups=2, epochs=1, shuffle=False,

@@ -75,7 +75,8 @@ def test_grpo_advantages_without_std_are_the_scores_minus_the_group_mean():
     adv, metrics, coef = step_advantages(algorithm(), scores, group_index, mask, old, None, kl_coef=0.1)
     expected = torch.tensor([[0.5, 0.5], [-0.5, 0.0], [0.0, 0.0], [0.0, 0.0]])
     assert torch.allclose(adv, expected)
-    assert metrics == pytest.approx({"critic/advantages/mean": (1.0 - 0.5) / 7, "critic/advantages/max": 0.5})
+    assert metrics == pytest.approx({"critic/advantages/mean": (1.0 - 0.5) / 7, "critic/advantages/max": 0.5,
+                                     "critic/advantages/min": -0.5})
     assert coef == 0.1
 
 
@@ -155,6 +156,9 @@ def test_same_version_metrics_separate_the_kernels_gap_from_policy_drift():
     assert metrics["mismatch/same_version_logprob_abs_diff_max"] == 0.0
     assert metrics["mismatch/same_version_logprob_abs_diff"] == 0.0
     assert metrics["mismatch/same_version_token_frac"] == pytest.approx(1 - 2 / int(mask.sum()))
+    # the correction's view: weights != 1 only on the two stale tokens (default: token-level truncation)
+    assert metrics["mismatch/same_version_weight_dev_max"] == 0.0
+    assert metrics["mismatch/weight_min"] == pytest.approx(float(torch.exp(torch.tensor(-GAP))))
 
 
 def test_same_version_metrics_are_absent_when_no_token_has_the_trainers_version():
@@ -164,6 +168,18 @@ def test_same_version_metrics_are_absent_when_no_token_has_the_trainers_version(
     assert "mismatch/same_version_logprob_abs_diff_max" not in metrics
     metrics, _ = prepare_batch(make_batch(groups=2, n=2, seed=3), algorithm(), ForwardPasses(), kl_coef=0.0)
     assert not [k for k in metrics if "same_version" in k]  # no version given: not split
+
+
+def test_no_token_is_of_the_trainers_version_after_a_local_update():
+    """trigger_parameter_sync_step > 1: the second step of a sync window recomputes with weights one optimizer
+    step past the pushed version 0, which every token carries; none of them was sampled by those weights."""
+    batch = make_batch(groups=2, n=2, seed=3)  # every token of version 0
+    metrics, _ = prepare_batch(batch, algorithm(), ForwardPasses(), kl_coef=0.0, version=0, local_updates=0)
+    assert metrics["mismatch/same_version_token_frac"] == 1.0
+    metrics, _ = prepare_batch(make_batch(groups=2, n=2, seed=3), algorithm(), ForwardPasses(), kl_coef=0.0,
+                               version=0, local_updates=1)
+    assert metrics["mismatch/same_version_token_frac"] == 0.0
+    assert "mismatch/same_version_logprob_abs_diff_max" not in metrics
 
 
 def test_bypass_step_uses_the_rollout_log_probs_and_the_response_mask():

@@ -30,6 +30,7 @@ DEFAULTS = {
     "ppo_max_token_len_per_gpu": 24, "ppo_micro_batch_size_per_gpu": 2, "ppo_mini_batch_size": 2, "ppo_epochs": 1,
     "shuffle": False, "log_prob_use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": 24,
     "rollout_correction": {"enable": False, "mode": "truncate", "rs": False, "upper": 2.0},
+    "loss_mode": "vanilla",
 }
 TOTAL_STEPS = 6
 LR = 0.05
@@ -123,6 +124,35 @@ def test_two_ranks_equal_one_rank_for_every_loss_mode_and_layout(groups, batch):
             for k in w1:
                 assert torch.allclose(w2[k], w1[k], rtol=1e-5, atol=1e-6), \
                     f"{where}: {k} differs by {float((w2[k] - w1[k]).abs().max())}"
+
+
+def test_two_ranks_equal_one_rank_for_every_policy_loss(groups, batch):
+    """verl 0.9's policy losses train through the worker group: 2 ranks == 1 rank (the shares add up), the
+    weights move, and the loss differs from vanilla's. clip_cov and kl_cov pick their tokens inside each
+    micro-batch (as verl does), so for them each world size only has to train."""
+    from verl_async.algos.policy_losses import POLICY_LOSSES
+
+    params = {"dro_beta": 0.1, "clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0, "kl_cov_ratio": 0.2,
+              "ppo_kl_coef": 1.0, "rollout_rs": "token_k1", "rollout_rs_threshold": "0.99_1.01"}
+    layout = {"use_dynamic_bsz": True, "use_remove_padding": True, "ppo_max_token_len_per_gpu": 24,
+              "loss_agg_mode": "seq-mean-token-mean"}
+    vanilla = reset(groups[1], **layout).update(batch)["actor/pg_loss"]
+    for mode in POLICY_LOSSES:
+        runs = {}
+        for world, g in groups.items():
+            reset(g, loss_mode=mode, policy_loss=params, **layout)
+            torch.manual_seed(0)
+            runs[world] = (g.update(batch), weights(g))
+        (m2, w2), (m1, w1) = runs[2], runs[1]
+        assert m1["actor/optimizer_steps"] == m2["actor/optimizer_steps"] == 2.0, mode
+        if mode in ("clip_cov", "kl_cov"):
+            continue
+        if mode != "vanilla":
+            assert abs(m1["actor/pg_loss"] - vanilla) > 1e-6, f"{mode} trains as vanilla"
+        for key in ("actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac"):
+            assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), f"{mode}: {key}"
+        for k in w1:
+            assert torch.allclose(w2[k], w1[k], rtol=1e-5, atol=1e-6), f"{mode}: {k}"
 
 
 def _accumulation_batch():

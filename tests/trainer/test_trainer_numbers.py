@@ -80,6 +80,15 @@ def test_recomputed_old_log_probs_log_the_measured_mismatch(tmp_path, tiny_model
     assert "rollout_log_probs" in wg.update_keys[-1]
 
 
+def test_tokens_are_of_the_trainers_version_only_until_its_first_local_update(tmp_path, tiny_model_dir):
+    """trigger_parameter_sync_step=2: the window's second step recomputes with weights one update past version 0."""
+    trainer, _ = make_trainer(tmp_path, tiny_model_dir, "async_training.use_rollout_log_probs=false")
+    assert trainer.train_step(groups())["mismatch/same_version_token_frac"] == 1.0
+    assert trainer.train_step(groups())["mismatch/same_version_token_frac"] == 0.0
+    trainer.push_weights()  # no engines here: the push still marks the weights as the version's
+    assert trainer.train_step(groups())["mismatch/same_version_token_frac"] == 1.0
+
+
 # --------------------------------------------------------------------------- adaptive KL control (item 11)
 def test_adaptive_kl_coef_hand_values():
     # err = clip(kl / target - 1, -0.2, 0.2); coef * (1 + err * n_steps / horizon)

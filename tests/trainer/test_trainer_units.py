@@ -329,7 +329,7 @@ def test_fsdp_and_megatron_log_probs_pass_the_compile_flag(monkeypatch, actor_fl
                           model_kwargs=dict, scatter=lambda t: t)
     inp.to = lambda device: inp
     model = lambda **kw: SimpleNamespace(logits=torch.zeros(1, 3, 5))  # noqa: E731
-    fsdp_self = SimpleNamespace(settings=settings, device=SimpleNamespace(torch_device="cpu"),
+    fsdp_self = SimpleNamespace(settings=settings, device=SimpleNamespace(torch_device="cpu"), sp=None,
                                 _range=lambda phase: contextlib.nullcontext())
     meg_self = SimpleNamespace(settings=settings, spec=SimpleNamespace(vocab_size=5))
     for use_ref in (False, True):
@@ -354,7 +354,8 @@ def test_fsdp_compute_log_prob_marks_the_reference_forward():
         return torch.zeros(1, 2), None, None
 
     fake = SimpleNamespace(model=model, ref_model=ref, _load_if_offloaded=lambda: None,
-                           _offload_if_asked=lambda: None, _inputs=lambda b, rows: None, _forward=forward)
+                           _offload_if_asked=lambda: None, _inputs=lambda b, rows: None, _forward=forward,
+                           settings=SimpleNamespace(lora=None))
     batch = {"responses": torch.zeros(1, 2)}
     for use_ref in (False, True):
         FSDPWorker.compute_log_prob(fake, batch, [[0]], use_ref=use_ref)

@@ -27,17 +27,20 @@ from .logprob import (
 )
 from .losses import LOSS_AGG_MODES, agg_loss, global_batch_info, ppo_policy_loss, ratio_deviation_max
 from .packing import Pack, pack_sequences, unpack_sequences
+from .policy_losses import POLICY_LOSSES, compute_policy_loss
 from .rollout_correction import rollout_correction, vetoed_sequences
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "KL_KINDS",
     "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
     "Pack",
     "adaptive_kl_coef",
     "agg_loss",
     "compute_advantages",
     "compute_grpo_advantage",
+    "compute_policy_loss",
     "compute_reinforce_plus_plus_advantage",
     "compute_rloo_advantage",
     "decoupled_ppo_loss",

@@ -280,7 +280,7 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, labels, temperature, chunk, with_logp, with_entropy, fns=None,  # type: ignore[override]
-                fixed=False):
+                fixed=False, row_sum=None):
         ctx.temperature, ctx.chunk, ctx.fns = temperature, chunk, fns
         ctx.set_materialize_grads(False)
         if fns is not None:  # use_torch_compile
@@ -299,7 +299,7 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
             m = x.amax(-1, keepdim=True)
             m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # all -inf rows stay -inf, not NaN
             e = torch.sub(x, m, out=bufs.get("e", x.shape[0])).exp_()
-            z = e.sum(-1)
+            z = e.sum(-1) if row_sum is None else row_sum(e)
             lse_c = (m.squeeze(-1) + z.log())[:rows]
             lse[s : s + chunk] = lse_c
             if with_logp:
@@ -314,11 +314,11 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
     def backward(ctx, g_logp, g_ent):  # type: ignore[override]
         logits, labels, lse, ent = ctx.saved_tensors
         if g_logp is None and g_ent is None:
-            return (None,) * 8
+            return (None,) * 9
         temperature, chunk = ctx.temperature, ctx.chunk
         if ctx.fns is not None:  # use_torch_compile
             grad = _compiled_backward(ctx.fns, logits, labels, lse, ent, g_logp, g_ent, temperature, chunk)
-            return grad, None, None, None, None, None, None, None
+            return grad, None, None, None, None, None, None, None, None
         n, vocab = logits.shape
         bufs = _Buffers(min(chunk, n), vocab, lse.dtype, logits.device)
         grad = torch.empty_like(logits)
@@ -339,11 +339,11 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
             if temperature != 1.0:
                 gx.div_(temperature)
             grad[s : s + chunk].copy_(gx)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy, use_torch_compile=False,
-         fixed_chunks=False):
+         fixed_chunks=False, row_sum=None):
     check_tensor("logits", logits)
     if logits.dim() < 1 or not logits.is_floating_point():
         raise ValueError(f"logits must be a floating tensor [..., V], got {logits.dtype} {tuple(logits.shape)}")
@@ -366,24 +366,26 @@ def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy, use_t
             )
     else:
         flat_labels = torch.zeros(0, dtype=torch.long, device=logits.device)
-    if fixed_chunks and use_torch_compile:
-        raise ValueError("fixed_chunks runs the eager chunk loop; it cannot be combined with use_torch_compile")
+    if (fixed_chunks or row_sum is not None) and use_torch_compile:
+        raise ValueError("fixed_chunks / row_sum run the eager chunk loop; they cannot be combined with use_torch_compile")
     fns = compiled_chunk_fns() if use_torch_compile else None
-    logp, ent = _ChunkedLogProbEntropy.apply(flat, flat_labels, t, chunk, with_logp, with_entropy, fns, fixed_chunks)
+    logp, ent = _ChunkedLogProbEntropy.apply(flat, flat_labels, t, chunk, with_logp, with_entropy, fns, fixed_chunks,
+                                             row_sum)
     return (logp.reshape(lead) if logp is not None else None, ent.reshape(lead) if ent is not None else None)
 
 
 def logprobs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0, chunk_size: int | None = None,
-    *, use_torch_compile: bool = False, fixed_chunks: bool = False,
+    *, use_torch_compile: bool = False, fixed_chunks: bool = False, row_sum: Callable | None = None,
 ) -> torch.Tensor:
     """`log_softmax(logits.float() / temperature)[labels]`, shape `logits.shape[:-1]`,
     memory-bounded and differentiable (see module docstring). `chunk_size` is in
     tokens (rows); None picks ~256 MiB of float32 per chunk. `use_torch_compile` runs
     the per-chunk math through `torch.compile` (module docstring). `fixed_chunks` pads the
     last chunk to `chunk_size` rows, so every reduction has one shape and a row's value
-    does not depend on the other rows (true on-policy mode: verl_async.invariant.logprob)."""
-    return _run(logits, labels, temperature, chunk_size, True, False, use_torch_compile, fixed_chunks)[0]
+    does not depend on the other rows (true on-policy mode: verl_async.invariant.logprob). `row_sum`
+    replaces the softmax denominator's `e.sum(-1)` ([rows, V] -> [rows]; the mode's exact sum on CPU)."""
+    return _run(logits, labels, temperature, chunk_size, True, False, use_torch_compile, fixed_chunks, row_sum)[0]
 
 
 def entropy_from_logits(
@@ -397,11 +399,11 @@ def entropy_from_logits(
 
 def logprobs_and_entropy(
     logits: torch.Tensor, labels: torch.Tensor, temperature: float | None = 1.0, chunk_size: int | None = None,
-    *, use_torch_compile: bool = False, fixed_chunks: bool = False,
+    *, use_torch_compile: bool = False, fixed_chunks: bool = False, row_sum: Callable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both in one pass over the logits (the trainer's usual call); the log-probs are those of
     `logprobs_from_logits` with the same arguments."""
-    logp, ent = _run(logits, labels, temperature, chunk_size, True, True, use_torch_compile, fixed_chunks)
+    logp, ent = _run(logits, labels, temperature, chunk_size, True, True, use_torch_compile, fixed_chunks, row_sum)
     return logp, ent
 
 

@@ -4,6 +4,7 @@ Aggregation (`loss_agg_mode`), with `L` the per-token loss, `M` the 0/1 mask,
 `s` the sequences with at least one valid token (empty rows never count):
 
   token-mean               sum(L*M) / sum(M)
+  token-sum                sum(L*M)  (no denominator: verl 0.9's sum over the batch's valid tokens)
   seq-mean-token-sum       sum_s sum_t(L*M) / |s|
   seq-mean-token-mean      sum_s [sum_t(L*M) / sum_t M] / |s|
   seq-mean-token-sum-norm  sum_s sum_t(L*M) / |s| / H,  H = loss_scale_factor, default T = mask.shape[-1]
@@ -37,7 +38,7 @@ import torch
 
 from ._checks import check_choice, check_finite, check_mask, check_same_shape, check_tensor, masked_mean
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def global_batch_info(masks: torch.Tensor | Sequence[torch.Tensor]) -> dict[str, int]:
@@ -98,6 +99,8 @@ def agg_loss(
     if mode == "token-mean":
         den = _denominator(global_tokens, valid.sum().to(dtype), "global_tokens")
         return masked.sum() / den.clamp(min=1)
+    if mode == "token-sum":
+        return masked.sum()
     seq_sum = masked.sum(-1)
     if mode == "seq-mean-token-mean":
         seq_sum = seq_sum / valid.sum(-1).to(dtype).clamp(min=1)

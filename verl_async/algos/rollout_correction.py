@@ -59,6 +59,27 @@ def _bounds(lower: float | None, upper: float | None, what: str) -> tuple[float,
     return lo, hi
 
 
+def _same_version_units(same: torch.Tensor, valid: torch.Tensor, level: str) -> torch.Tensor:
+    """[B, T]: valid tokens whose unit at `level` holds only same-version tokens."""
+    if level == "token":
+        return same
+    return valid & (same | ~valid).all(-1, keepdim=True)
+
+
+def _same_version_metrics(w: torch.Tensor, rejected: torch.Tensor, valid: torch.Tensor, same_version: torch.Tensor,
+                          level: str, rs_level: str) -> dict[str, float]:
+    check_same_shape("same_version", same_version, w=w)
+    same = valid & same_version.to(torch.bool)
+    out: dict[str, float] = {}
+    weighted = _same_version_units(same, valid, level)
+    if weighted.any():
+        out["same_version_weight_dev_max"] = float((w[weighted] - 1.0).abs().max())
+    tested = weighted & _same_version_units(same, valid, rs_level)
+    if tested.any():
+        out["same_version_rejected_frac"] = float(rejected[tested].float().mean())
+    return out
+
+
 @torch.no_grad()
 def rollout_correction(
     old_logp: torch.Tensor,
@@ -76,6 +97,7 @@ def rollout_correction(
     veto_threshold: float | None = None,
     veto_rule: str = "old_prob",
     batch_normalize: bool = False,
+    same_version: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Importance weights, corrected loss mask and mismatch metrics.
 
@@ -94,6 +116,14 @@ def rollout_correction(
     ratio `pi_old / pi_rollout` is below it; see `vetoed_sequences`.
     `batch_normalize` divides the weights by their mean over kept tokens (token
     level) or kept sequences (sequence level); it refuses the geometric level.
+
+    `same_version` ([B, T] bool, optional): the tokens sampled by the very weights that recomputed
+    `old_logp` (no policy drift). Then `same_version_weight_dev_max` (max |w - 1| before
+    `batch_normalize`) and `same_version_rejected_frac` (share removed by `mask` mode or `rs`) are
+    measured over the units that hold only such tokens (a token at token level, a sequence at
+    sequence/geometric level): with bitwise-equal log-probs (true on-policy mode) both are 0.0,
+    so every weight != 1 and every rejection comes from stale tokens. (The `old_prob` veto is
+    not a mismatch test: a same-version token below its threshold is still vetoed.)
 
     Returns `(weights, mask, metrics)`: weights `[B, T]` (constants, 0 on padding;
     rejected tokens keep their weight, the mask removes them), the corrected mask in
@@ -140,6 +170,9 @@ def rollout_correction(
         rejected = valid & ((w_rs < rs_lo) | (w_rs > rs_hi))
         metrics["rs_frac"] = float(masked_mean(rejected.to(dtype), valid))
         keep &= ~rejected
+
+    if same_version is not None:
+        metrics.update(_same_version_metrics(w, valid & ~keep, valid, same_version, level, rs_level if rs else level))
 
     nonempty = valid.any(-1)
     num_seqs = int(nonempty.sum())

@@ -17,6 +17,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl_async.config import derived
 from verl_async.config.errors import ConfigError
+from verl_async.config.fault_specs import FaultSpecError, parse_fail_replicas, parse_fail_trainer
+from verl_async.config.verl09 import EP_TRAIN
 from verl_async.models.names import BUILTIN_MODELS, is_gguf
 from verl_async.utils.tracking import logger_problem
 
@@ -84,13 +86,10 @@ def strategy_sections(cfg: DictConfig) -> None:
 @check
 def unsupported_features(cfg: DictConfig) -> None:
     """verl features verl_async does not implement, set on: refused, saying what to do instead."""
-    reward_model = ("model-based reward models are not supported; rewards are rule-based (set it to false and score "
-                    "with reward.custom_reward_function.path/name)")
+    reward_model = ("verl's older reward-model layout is not supported here; use verl 0.9's keys: reward.reward_model."
+                    "enable=true reward.reward_model.model_path=... (docs/verl_v1.md)")
     refusals = {
-        "actor_rollout_ref.model.lora_rank": (
-            cfg.actor_rollout_ref.model.lora_rank > 0, "LoRA is not supported by verl_async; set it to 0"),
         "reward_model.enable": (cfg.reward_model.enable, reward_model),
-        "reward.reward_model.enable": (bool(cfg.reward.reward_model.get("enable")), reward_model),
         "reward.reward_manager.source": (
             cfg.reward.reward_manager.source == "importlib",
             "importlib (a custom reward manager class) is not supported; use reward.reward_manager.name=naive|dapo "
@@ -110,27 +109,94 @@ def no_expert_parallelism(cfg: DictConfig) -> None:
         m = cfg.actor_rollout_ref[role].megatron
         for name, neutral in (("expert_model_parallel_size", (1,)), ("expert_tensor_parallel_size", (None, 1))):
             if m[name] not in neutral:
-                raise ConfigError(f"actor_rollout_ref.{role}.megatron.{name}",
-                                  f"{m[name]}: MoE expert parallelism is not implemented (the Megatron trainer "
-                                  "converts dense models); set it to 1")
+                raise ConfigError(f"actor_rollout_ref.{role}.megatron.{name}", f"{m[name]}: {EP_TRAIN}")
 
 
 @check
-def no_sequence_parallelism(cfg: DictConfig) -> None:
-    """The trainers have no Ulysses sequence parallelism: a size > 1 would only shrink the
-    data-parallel size (the batch arithmetic) while every rank still holds whole sequences."""
-    for role in ("actor", "ref"):
-        size = cfg.actor_rollout_ref[role].ulysses_sequence_parallel_size
-        if size != 1:
-            raise ConfigError(
-                f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
-                f"{size}: Ulysses sequence parallelism is not implemented (FSDP2 shards parameters only); set it to 1"
-                + (" (Megatron: use actor_rollout_ref.actor.megatron.context_parallel_size)"
-                   if cfg.actor_rollout_ref.actor.strategy == "megatron" else ""),
-            )
+def sequence_parallelism(cfg: DictConfig) -> None:
+    """Ulysses sequence parallelism (FSDP2, trainer/ulysses.py): packed rows, a varlen attention kernel, one size
+    for the actor and the reference model. Megatron splits sequences with context parallelism instead."""
+    arr = cfg.actor_rollout_ref
+    size = arr.actor.ulysses_sequence_parallel_size
+    if arr.actor.strategy == "megatron":
+        for role in ("actor", "ref"):
+            if arr[role].ulysses_sequence_parallel_size != 1:
+                raise ConfigError(f"{_A}.{role}.ulysses_sequence_parallel_size",
+                                  f"{arr[role].ulysses_sequence_parallel_size}: Ulysses is the FSDP2 trainer's; "
+                                  f"Megatron splits sequences with {_A}.actor.megatron.context_parallel_size")
+        return
+    if arr.ref.ulysses_sequence_parallel_size != size:
+        raise ConfigError(f"{_A}.ref.ulysses_sequence_parallel_size",
+                          f"{arr.ref.ulysses_sequence_parallel_size}: the reference model runs on the actor's ranks "
+                          f"with its layout; set it to {size} (actor_rollout_ref.actor.ulysses_sequence_parallel_size)")
+    if size == 1:
+        return
+    key = f"{_A}.actor.ulysses_sequence_parallel_size"
+    if not arr.model.use_remove_padding:
+        raise ConfigError(key, f"{size} needs packed rows: set {_A}.model.use_remove_padding=true (as verl does)")
+    if arr.model.attn_implementation in ("sdpa", "eager"):
+        raise ConfigError(key, f"{size} needs a varlen attention kernel; {_A}.model.attn_implementation="
+                               f"{arr.model.attn_implementation} has none (use auto, varlen or flash_attention_2)")
+    if arr.rollout.get("true_on_policy"):
+        raise ConfigError(key, f"{size} cannot run with {_A}.rollout.true_on_policy (its attention kernel is the "
+                               "engine's, unsplit)")
+
+
+@check
+def ray_py_executable(cfg: DictConfig) -> None:
+    """verl's runtime_env.py_executable starts every Ray worker: a command that is not there would fail in each."""
+    command = (cfg.ray_init.runtime_env or {}).get("py_executable")
+    if command is None:
+        return
+    import shlex
+    import shutil
+
+    words = shlex.split(str(command))
+    if not words or shutil.which(os.path.expanduser(words[0])) is None:
+        verl_key = "ray_kwargs.ray_init.runtime_env.py_executable"
+        set_there = (cfg.ray_kwargs.ray_init.runtime_env or {}).get("py_executable") is not None
+        raise ConfigError(verl_key if set_there else "ray_init.runtime_env.py_executable",
+                          f"{command!r}: {words[0] if words else 'an empty command'} is not an executable on PATH "
+                          "(Ray starts every worker with it); set it to null for this Python")
+
+
+@check
+def lora(cfg: DictConfig) -> None:
+    """LoRA (trainer/lora.py) trains with the FSDP2 trainer, on the model's own kernels."""
+    arr = cfg.actor_rollout_ref
+    key = f"{_A}.model.lora_rank"
+    if arr.model.lora_rank == 0:
+        if arr.model.lora_adapter_path is not None:
+            raise ConfigError(f"{_A}.model.lora_adapter_path", f"{arr.model.lora_adapter_path}: a LoRA adapter needs "
+                                                               f"{key} > 0 (its rank)")
+        return
+    if arr.actor.strategy == "megatron":
+        raise ConfigError(key, f"{arr.model.lora_rank}: LoRA is not implemented in the Megatron trainer; use "
+                               f"{_A}.actor.strategy=fsdp2 (the default config)")
+    if arr.rollout.get("true_on_policy"):
+        raise ConfigError(key, f"{arr.model.lora_rank}: cannot run with {_A}.rollout.true_on_policy (its batch-"
+                               "invariant kernels replace the linear layers LoRA adapts)")
+    path = arr.model.lora_adapter_path
+    if path is not None and not os.path.isfile(os.path.join(os.path.expanduser(path), "adapter_config.json")):
+        raise ConfigError(f"{_A}.model.lora_adapter_path", f"{path}: no adapter_config.json there (a peft adapter "
+                                                           "folder, e.g. a checkpoint's actor/huggingface/lora_adapter)")
 
 
 # --------------------------------------------------------------------------- algorithm
+@check
+def policy_loss(cfg: DictConfig) -> None:
+    """The keys a `policy_loss.loss_mode` cannot run without (verl's asserts, as one line before start)."""
+    actor = cfg.actor_rollout_ref.actor
+    pl = actor.policy_loss
+    if pl.loss_mode == "dro" and pl.dro_beta is None:
+        raise ConfigError(f"{_A}.actor.policy_loss.dro_beta", "must be set (> 0) for policy_loss.loss_mode=dro")
+    if pl.loss_mode == "bypass_mode" and not cfg.async_training.use_rollout_log_probs:
+        raise ConfigError(f"{_A}.actor.policy_loss.loss_mode",
+                          "bypass_mode takes the rollout's log-probs as the old policy, but "
+                          "algorithm.rollout_correction.bypass_mode=false (async_training.use_rollout_log_probs=false) "
+                          "recomputes them; set bypass_mode=true or another loss_mode")
+
+
 @check
 def kl_control(cfg: DictConfig) -> None:
     """kl_ctrl steers the in-reward KL coefficient only (verl); the KL loss has its own fixed
@@ -307,15 +373,18 @@ def token_budget_problem(cfg: DictConfig, null_tokens: Optional[int] = None) -> 
         (f"{_A}.ref.log_prob_max_token_len_per_gpu", aref.ref.log_prob_max_token_len_per_gpu,
          aref.ref.log_prob_use_dynamic_bsz and derived.uses_reference_policy(cfg), "reference log-prob"),
     ]
+    # Ulysses: a micro-batch is split over sp ranks, so it holds sp x the per-device budget (verl's rule)
+    sp = 1 if aref.actor.strategy == "megatron" else aref.actor.ulysses_sequence_parallel_size
     for key, value, used, what in budgets:
         budget = null_tokens if value is None else value
-        if used and budget is not None and budget < longest:
+        if used and budget is not None and budget * sp < longest:
             said = f"{budget} tokens" if value is not None else f"null ({budget} tokens on CPU)"
+            said += f" x ulysses_sequence_parallel_size {sp}" if sp > 1 else ""
             return ConfigError(
                 key,
                 f"{said} per {what} micro-batch cannot hold one sequence of up to data.max_prompt_length + "
                 f"{response_key} = {data.max_prompt_length} + {response} = {longest} tokens (dynamic batch size packs "
-                f"whole sequences); raise it to at least {longest} or shorten those lengths",
+                f"whole sequences); raise it to at least {-(-longest // sp)} or shorten those lengths",
             )
     return None
 
@@ -376,6 +445,22 @@ def colocation(cfg: DictConfig) -> None:
             f"{cfg.async_training.sync_transport} cannot join two processes of one device (rollout.colocate=true); "
             "use object_store (or cuda_ipc on CUDA)",
         )
+
+
+@check
+def distillation(cfg: DictConfig) -> None:
+    """`distillation.*`: the teachers and verl's rules (config/distillation.py)."""
+    from verl_async.config.distillation import check_distillation
+
+    check_distillation(cfg)
+
+
+@check
+def reward_model(cfg: DictConfig) -> None:
+    """`reward.reward_model.*`: a reward model and where it runs (config/reward_model.py)."""
+    from verl_async.config.reward_model import check_reward_model
+
+    check_reward_model(cfg)
 
 
 # --------------------------------------------------------------------------- observability
@@ -511,16 +596,14 @@ def debug_modes(cfg: DictConfig) -> None:
 
 @check
 def fail_replicas(cfg: DictConfig) -> None:
-    """debug.fail_replicas (fault drills, rollout/faults.py) names replicas that exist, or all of them."""
+    """debug.fail_replicas and debug.fail_trainer (fault drills, config/fault_specs.py) parse and name what exists."""
     value = cfg.debug.fail_replicas
-    if value is None or value == "all":
-        return
-    replicas = derived.rollout_replicas(cfg)
-    if not isinstance(value, (list, ListConfig)) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                             for i in value):
-        raise ConfigError("debug.fail_replicas", f"expected null, all or a list of replica indices such as [0], "
-                                                 f"got {value!r}")
-    outside = [i for i in value if not 0 <= i < replicas]
-    if outside:
-        raise ConfigError("debug.fail_replicas", f"replica {outside[0]} does not exist: this run has {replicas} "
-                                                 f"engine replica(s), indices 0..{replicas - 1}")
+    if isinstance(value, ListConfig):
+        value = list(value)
+    try:
+        parse_fail_replicas(value, derived.rollout_replicas(cfg))
+        world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+        trainer_value = cfg.debug.get("fail_trainer")
+        parse_fail_trainer(list(trainer_value) if isinstance(trainer_value, ListConfig) else trainer_value, world)
+    except FaultSpecError as exc:
+        raise ConfigError(exc.key, exc.reason) from None

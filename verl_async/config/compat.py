@@ -10,7 +10,7 @@ named by its full key.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, NamedTuple, Tuple
+from typing import Any, Collection, Dict, List, NamedTuple, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -44,19 +44,23 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.model.use_shm": Compat(False),
     "actor_rollout_ref.model.external_lib": Compat(None),
     "actor_rollout_ref.model.enable_activation_offload": Compat(False, _UNUSED_FSDP),
-    "actor_rollout_ref.model.lora_alpha": Compat(16, "LoRA is not supported"),
-    "actor_rollout_ref.model.target_modules": Compat("all-linear", "LoRA is not supported"),
-    "actor_rollout_ref.model.exclude_modules": Compat(None, "LoRA is not supported"),
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": Compat(
         -1, "the FSDP2 trainer shards parameters over all its ranks, without hybrid sharding; the numbers are the same"),
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch": Compat(False, _UNUSED_FSDP),
     "actor_rollout_ref.actor.optim.override_optimizer_config": Compat({}, "only the Megatron trainer uses it", "megatron"),
     "actor_rollout_ref.actor.megatron.use_mbridge": Compat(False, "weights are converted by verl_async itself"),
+    "actor_rollout_ref.actor.megatron.vanilla_mbridge": Compat(False, "weights are converted by verl_async itself"),
+    "actor_rollout_ref.actor.megatron.use_remove_padding": Compat(
+        True, "the Megatron trainer runs right-padded rows (the loss and gradients are the same)"),
     "actor_rollout_ref.actor.megatron.use_dist_checkpointing": Compat(False, "the model loads from actor_rollout_ref.model.path"),
     "actor_rollout_ref.actor.megatron.dist_checkpointing_path": Compat(None),
     "actor_rollout_ref.ref.megatron.use_dist_checkpointing": Compat(False, "the model loads from actor_rollout_ref.model.path"),
     "actor_rollout_ref.ref.megatron.dist_checkpointing_path": Compat(None),
     "actor_rollout_ref.rollout.mode": Compat("async", "generation is always asynchronous"),
+    "actor_rollout_ref.rollout.layered_summon": Compat(
+        False, "the trainer's weights always leave one parameter at a time (LoRA layers merged as they come)"),
+    "actor_rollout_ref.rollout.enable_sleep_mode": Compat(
+        False, "fully async engines keep their devices: there is no training phase to free them for"),
     "actor_rollout_ref.rollout.calculate_log_probs": Compat(True, "rollout log-probs are always recorded"),
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": Compat(
         False, "the trained tokens are always the ones the model generated"),
@@ -65,7 +69,6 @@ COMPAT_KEYS: Dict[str, Compat] = {
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Compat(None, "use actor_rollout_ref.rollout.n"),
     "reward.reward_manager.module": Compat({"path": None, "name": "custom_reward_manager"},
                                            "custom reward manager classes are not supported"),
-    "reward.reward_model": Compat({"enable": False}, "model-based rewards are not supported"),
     "trainer.critic_warmup": Compat(0, "there is no critic"),
     "trainer.default_hdfs_dir": Compat(None),
     "trainer.del_local_ckpt_after_load": Compat(False),
@@ -79,7 +82,7 @@ COMPAT_KEYS: Dict[str, Compat] = {
 }
 
 class Alias(NamedTuple):
-    """A verl spelling whose value, when set (not null, not {}), is copied onto the key verl_async reads.
+    """A verl spelling whose value, when set (not null, not {}: see `unset`), is copied onto the key verl_async reads.
 
     `dst_default` is dst's YAML default: a dst holding anything else was set by the run too,
     and a different value there is a conflict (validate() names src).
@@ -95,6 +98,7 @@ _BUCKET = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_meg
 
 ALIASES: Tuple[Alias, ...] = (
     Alias("ray_kwargs.ray_init.num_cpus", "ray_init.num_cpus"),
+    Alias("ray_kwargs.ray_init.runtime_env", "ray_init.runtime_env", {"py_executable": None}),
     Alias("ray_kwargs.timeline_json_file", "ray_init.timeline_json_file"),
     # verl 0.9's `reward` group onto the older layout that verl_async.reward reads
     Alias("reward.num_workers", "reward_model.num_workers", 1),
@@ -115,6 +119,13 @@ _ABSENT = object()
 _warned: set = set()
 
 
+def unset(value: Any) -> bool:
+    """An alias source nobody set: null, {}, or a mapping of such (verl's `runtime_env: {py_executable: null}`)."""
+    if isinstance(value, dict):
+        return all(unset(v) for v in value.values())
+    return value is None
+
+
 def _changed(key: str, value: Any, default: Any) -> List[Tuple[str, Any]]:
     if isinstance(value, dict) and isinstance(default, dict):
         out: List[Tuple[str, Any]] = []
@@ -124,12 +135,12 @@ def _changed(key: str, value: Any, default: Any) -> List[Tuple[str, Any]]:
     return [] if value == default else [(key, value)]
 
 
-def compat_keys_set(cfg: DictConfig) -> List[Tuple[str, Any]]:
-    """(full key, value) of every compatibility-only key set to a non-default value."""
+def compat_keys_set(cfg: DictConfig, skip: Collection[str] = ()) -> List[Tuple[str, Any]]:
+    """(full key, value) of every compatibility-only key set to a non-default value (`skip`: used by this run)."""
     out: List[Tuple[str, Any]] = []
     strategy = OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy", default=None)
     for key, compat in COMPAT_KEYS.items():
-        if compat.used_by and compat.used_by == strategy:
+        if (compat.used_by and compat.used_by == strategy) or key in skip:
             continue
         node = OmegaConf.select(cfg, key, default=_ABSENT)
         if node is _ABSENT:
@@ -155,10 +166,10 @@ def warn_once(key: str, message: str) -> bool:
     return True
 
 
-def warn_compat_keys(cfg: DictConfig) -> List[str]:
+def warn_compat_keys(cfg: DictConfig, skip: Collection[str] = ()) -> List[str]:
     """Log one warning per compatibility-only key set in `cfg` (once per process); return them."""
     fresh = []
-    for key, value in compat_keys_set(cfg):
+    for key, value in compat_keys_set(cfg, skip):
         why = _why(key)
         message = f"{key}={value!r} is accepted for verl compatibility but not used by verl_async"
         if warn_once(key, message + (f" ({why})" if why else "")):

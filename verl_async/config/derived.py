@@ -57,6 +57,20 @@ def rollout_replicas(cfg: Any) -> int:
     return devices // cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
 
 
+def cpu_threads(cfg: Any, cores: Optional[int] = None) -> Optional[int]:
+    """Torch threads of each trainer rank and engine replica on a CPU run (None on an accelerator): the cores
+    (`ray_init.num_cpus`, else this machine's) shared equally by the ranks and the replicas, which compute at
+    the same time (utils/threads.py). `trainer.cpu_threads_per_worker` set fixes the ranks' count instead."""
+    if cfg.trainer.device != "cpu":
+        return None
+    from verl_async.utils.threads import cpu_share_threads, local_cores
+
+    cores = cores or cfg.get("ray_init", {}).get("num_cpus") or local_cores()
+    ranks = 0 if cfg.debug.get("rollout_only") else trainer_world_size(cfg)
+    replicas = 0 if cfg.debug.get("train_only") or cfg.debug.get("load_rollout_data") else rollout_replicas(cfg)
+    return cpu_share_threads(int(cores), max(1, ranks + replicas))
+
+
 def colocated_device_ids(cfg: Any) -> Optional[list[str]]:
     """`rollout.colocate=true` on an accelerator: the ids the replicas share with the trainer's ranks.
 

@@ -28,6 +28,14 @@ class ResumePlan:
     step: Optional[int] = None  # its trainer step (None: a checkpoint from before run_info.json)
     total_steps: Optional[int] = None  # of the whole run, this config's data and sizes
     fresh_because: Optional[str] = None  # why nothing is loaded, when not the mode or an empty folder
+    finished: bool = False  # the checkpoint is the end of this run: nothing to train
+
+    def nothing_to_do(self) -> str:
+        """The one line a re-run of a finished run ends with (before Ray starts)."""
+        return (f"nothing to train: {self.path} is the end of this run{step_of(self.step, self.total_steps)}. "
+                "To train further raise rollout.total_epochs, rollout.total_rollout_steps or "
+                "trainer.total_training_steps; to start a new run use another trainer.experiment_name "
+                "(or trainer.default_local_dir)")
 
     def describe(self) -> str:
         """'resuming from <checkpoint> (step k of N)' or 'starting fresh (...)': what the user must know first."""
@@ -46,20 +54,38 @@ def step_of(step: Optional[int], total: Optional[int]) -> str:
 
 def total_steps(cfg: Any, train_prompts: int) -> int:
     """Trainer steps of the whole run: the prompts it generates (epochs x dataset, capped by
-    rollout.total_rollout_steps) over the groups one step takes."""
+    rollout.total_rollout_steps) over the groups one step takes, capped by trainer.total_training_steps."""
     prompts = train_prompts * int(cfg.rollout.total_epochs)
     limit = cfg.rollout.get("total_rollout_steps")
-    if limit is not None:
+    if limit is not None and int(limit) > 0:
         prompts = min(prompts, int(limit))
-    return max(1, -(-prompts // derived.required_samples(cfg)))
+    steps = max(1, -(-prompts // derived.required_samples(cfg)))
+    cap = cfg.trainer.get("total_training_steps")
+    return min(steps, int(cap)) if cap else steps
 
 
-def run_facts(cfg: Any, step: int, version: int, train_prompts: Optional[int]) -> dict[str, Any]:
-    """What the trainer writes beside a checkpoint (run_info.json); meta.json holds the model and layout."""
-    facts = {"step": int(step), "version": int(version), "rollout_n": int(cfg.actor_rollout_ref.rollout.n)}
+def run_facts(cfg: Any, step: int, version: int, train_prompts: Optional[int], finished: bool = False) -> dict[str, Any]:
+    """What the trainer writes beside a checkpoint (run_info.json); meta.json holds the model and layout.
+
+    `finished`: the run ended at this checkpoint (its data or trainer.total_training_steps); with the keys
+    that set where it ends (`ends_at`), a re-run of the same command then has nothing to train.
+    """
+    facts: dict[str, Any] = {"step": int(step), "version": int(version), "rollout_n": int(cfg.actor_rollout_ref.rollout.n)}
     if train_prompts is not None:
         facts["train_prompts"] = int(train_prompts)
+    if finished:
+        facts["finished"] = True
+        facts["ends_at"] = ends_at(cfg)
     return facts
+
+
+def ends_at(cfg: Any) -> dict[str, Any]:
+    """The keys that decide where a run ends (a finished run continues when one of them grows)."""
+    total = cfg.trainer.get("total_training_steps")
+    limit = cfg.rollout.get("total_rollout_steps")
+    return {"trainer.total_training_steps": None if total is None else int(total),
+            "rollout.total_epochs": int(cfg.rollout.total_epochs),
+            "rollout.total_rollout_steps": None if limit in (None, -1) else int(limit)}
 
 
 def checkpoint_to_resume(trainer_cfg: Any) -> Optional[str]:
@@ -101,7 +127,9 @@ def plan_resume(cfg: Any, train_prompts: Optional[int]) -> ResumePlan:
         print(f"warning: {path} was trained from {saved['model_path']}; continuing it as {now} "
               f"(actor_rollout_ref.model.path)", flush=True)
     step = saved.get("step")
-    return ResumePlan(mode, root, path, None if step is None else int(step), total)
+    finished = (bool(saved.get("finished")) and saved.get("ends_at") == ends_at(cfg)) or (
+        step is not None and total is not None and int(step) >= total)
+    return ResumePlan(mode, root, path, None if step is None else int(step), total, finished=finished)
 
 
 def resolved_model_path(path: str) -> str:
@@ -162,7 +190,7 @@ def incompatibility(cfg: Any, saved: Mapping[str, Any], model_path: str,
 
 
 def _ways_out(mode: str) -> str:
-    start_over = ("start over in this folder with trainer.resume_mode=disable (its checkpoints are then replaced)"
+    start_over = ("start over with trainer.resume_mode=disable (in a new folder beside it)"
                   if mode == "auto" else "start fresh with trainer.resume_mode=disable")
     return ("Resume it with the settings it was made with, start a new run with another trainer.experiment_name "
             f"(or trainer.default_local_dir), or {start_over}")

@@ -34,6 +34,7 @@ from verl_async.config.schema_rules import (
     rule,
     schema,
 )
+from verl_async.config.schema_v1 import DistillationConfig, TrainerV1Config, TransferQueueConfig, VerlRewardModelConfig
 from verl_async.config.schema_actor_rollout_ref import (  # noqa: F401 - OptimConfig: the keys Megatron adds
     ActorRolloutRefConfig,
     MegatronActorRolloutRefConfig,
@@ -166,7 +167,7 @@ class RewardConfig:
     reward_manager: VerlRewardManagerConfig
     custom_reward_function: VerlCustomRewardFunctionConfig
     reward_kwargs: Dict[str, Any]
-    reward_model: Dict[str, Any]  # model-based rewards: enable=true is refused (checks.py)
+    reward_model: VerlRewardModelConfig  # a reward model (verl_async/reward_models/)
     sandbox_fusion: Dict[str, Any]  # code-execution rewards: url (null: the built-in sandbox), max_concurrent, memory_limit_mb
 
 
@@ -199,14 +200,17 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int]
     ray_wait_register_center_timeout: int
     worker_timeout_s: float = rule(gt=0)
+    max_restarts: int = rule(ge=0)  # the trainer side restarted from its newest checkpoint this often (healing)
     val_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py validation_timeout_s)
     finish_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py finish_timeout_s)
-    cpu_threads_per_worker: int = rule(ge=1)
+    cpu_threads_per_worker: Optional[int] = rule(ge=1)  # null: derived (config/derived.py cpu_threads)
     dry_run: bool
     esi_redundant_time: float
     use_legacy_worker_impl: str
     device: str = rule(choices=DEVICES)
     seed: int
+    use_v1: bool  # verl's V1 trainer keys (config/verl_v1.py)
+    v1: TrainerV1Config
 
 
 @schema
@@ -220,6 +224,7 @@ class RolloutResourcesConfig:
     test_freq: int
     max_prompt_retries: int = rule(ge=0)
     max_consecutive_engine_failures: int = rule(ge=1)
+    max_replica_restarts: int = rule(ge=0)  # per replica; then retired (rollout/healing.py)
     progress_timeout_s: Optional[float] = rule(gt=0)
     start_timeout_s: Optional[float] = rule(gt=0)  # null: derived (config/derived.py replica_start_timeout_s)
 
@@ -268,7 +273,8 @@ class DebugConfig:
     save_rollout_data: Optional[str]
     load_rollout_data: Optional[str]
     save_train_output: Optional[str]
-    fail_replicas: Any  # null | "all" | list of engine replica indices (checks.fail_replicas)
+    fail_replicas: Any  # null | "all" | list of replica indices or INDEX:KIND entries (config/fault_specs.py)
+    fail_trainer: Any  # null | list of rank<R>:die@update<N> / actor:die@sync<V> entries (config/fault_specs.py)
 
 
 @schema
@@ -276,11 +282,13 @@ class RayInitConfig:
     address: Optional[str]
     num_cpus: Optional[int] = rule(ge=1)
     timeline_json_file: Optional[str]
+    runtime_env: Dict[str, Any]  # merged onto verl_async's (pipeline.ray_runtime_env), as verl merges it
 
 
 @schema
 class RayKwargsInitConfig:
     num_cpus: Optional[int] = rule(ge=1)
+    runtime_env: Dict[str, Any]
 
 
 @schema
@@ -305,6 +313,8 @@ class RootConfig:
     ray_init: RayInitConfig
     ray_kwargs: RayKwargsConfig
     global_profiler: Dict[str, Any]
+    transfer_queue: TransferQueueConfig
+    distillation: DistillationConfig
 
 
 @schema

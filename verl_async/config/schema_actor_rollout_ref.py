@@ -27,6 +27,8 @@ from verl_async.config.schema_rules import (
     TOOL_CALL_FORMATS,
     TRUNCATE_SIDES,
     SANITY_CHECK_MODES,
+    VERL_CORRECTION_LOSSES,
+    VERL_IS_LEVELS,
     rule,
     schema,
 )
@@ -54,15 +56,35 @@ class ModelConfig:
     trust_remote_code: bool
     use_shm: bool
     lora_rank: int = rule(ge=0)
-    lora_alpha: float
+    lora_alpha: float = rule(gt=0)
     target_modules: Any  # "all-linear" or a list of module names
     exclude_modules: Any
+    lora_adapter_path: Optional[str]
 
 
 # --------------------------------------------------------------------------- actor
 @schema
+class BypassCorrectionConfig:
+    """verl 0.9's policy_loss.rollout_correction: the correction the bypass_mode loss computes per micro-batch."""
+
+    rollout_is: Optional[str] = rule(choices=VERL_IS_LEVELS)
+    rollout_is_threshold: Any  # a number (truncate) or "lower_upper" (IcePop)
+    rollout_is_batch_normalize: bool
+    rollout_rs: Optional[str]  # verl's rejection options, comma-separated (checked by config/verl09.py)
+    rollout_rs_threshold: Any
+    loss_type: str = rule(choices=VERL_CORRECTION_LOSSES)
+
+
+@schema
 class PolicyLossConfig:
     loss_mode: str = rule(choices=POLICY_LOSS_MODES)
+    clip_cov_ratio: float = rule(gt=0)
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_ratio: float = rule(gt=0)
+    ppo_kl_coef: float
+    dro_beta: Optional[float] = rule(gt=0)
+    rollout_correction: BypassCorrectionConfig
 
 
 @schema
@@ -160,6 +182,8 @@ class MegatronConfig:
     seed: int
     dtype: str = rule(choices=MEGATRON_DTYPES)
     use_mbridge: bool
+    vanilla_mbridge: bool  # verl 0.9: legacy mbridge instead of Megatron-Bridge (compatibility: we convert)
+    use_remove_padding: bool  # verl 0.9: THD-packed sequences in Megatron (compatibility: rows run right-padded)
     override_transformer_config: Dict[str, Any]
 
 
@@ -190,6 +214,8 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = rule(ge=0)
     clip_ratio_high: Optional[float] = rule(ge=0)
     clip_ratio_c: float = rule(gt=1)
+    tau_pos: float = rule(gt=0)  # sapo
+    tau_neg: float = rule(gt=0)
     loss_agg_mode: str = rule(choices=LOSS_AGG_MODES)
     entropy_coeff: float
     use_kl_loss: bool
@@ -258,6 +284,8 @@ class RolloutCheckpointEngineConfig:
 class RolloutConfig:
     name: str = rule(choices=ROLLOUT_NAMES)
     mode: str
+    enable_sleep_mode: bool  # verl: let vLLM sleep between rollouts (compatibility: fully async engines never sleep)
+    layered_summon: bool  # verl: gather LoRA layers one by one for the sync (compatibility: always per parameter)
     n: int = rule(ge=1)
     temperature: float = rule(ge=0)
     top_k: int = rule(ge=-1)
@@ -273,7 +301,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = rule(gt=0, le=1)
     max_num_batched_tokens: int = rule(gt=0)
     max_model_len: Optional[int] = rule(gt=0)
-    max_num_seqs: int = rule(ge=1)
+    max_num_seqs: Optional[int] = rule(ge=1)  # null: sized from memory on CUDA (rollout/native/sizing.py), 64 elsewhere
     kv_cache_tokens: Optional[int] = rule(gt=0)
     enforce_eager: Optional[bool]
     free_cache_engine: bool

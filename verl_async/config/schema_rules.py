@@ -13,11 +13,13 @@ from typing import Any
 # (verl_async.algos, .data, .reward, .utils), which import torch/pyarrow; this module
 # must not, so tests/test_config.py checks that the lists agree.
 ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 # kl|k1, abs, mse|k2, low_var_kl|k3; a "+" suffix takes k2's gradient (straight-through), as in verl
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")
 KL_CTRL_TYPES = ("fixed", "adaptive")
-POLICY_LOSS_MODES = ("vanilla",)
+# == verl_async.algos.policy_losses.POLICY_LOSSES (verl 0.9's registry)
+POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo", "dppo_tv",
+                     "dppo_kl", "bypass_mode")
 ROLLOUT_NAMES = ("native", "vllm")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32", "bf16", "fp16", "fp32")
 TRUNCATIONS = ("error", "left", "right", "middle")
@@ -30,7 +32,7 @@ LR_SCHEDULERS = ("constant", "cosine")
 FSDP_ENGINE_STRATEGIES = ("fsdp", "fsdp2")  # verl 0.9's fsdp_config.strategy; both run as FSDP2
 REWARD_MANAGER_SOURCES = ("register", "importlib")  # importlib (a custom class) is refused (config/verl09.py)
 VERL_IS_LEVELS = ("token", "sequence")  # verl 0.9's algorithm.rollout_correction.rollout_is
-VERL_CORRECTION_LOSSES = ("ppo_clip", "reinforce")  # reinforce is refused (config/verl09.py)
+VERL_CORRECTION_LOSSES = ("ppo_clip", "reinforce")  # bypass_mode's loss_type (algos/policy_losses.py)
 SYNC_BACKENDS = ("nccl", "hccl")  # verl 0.9's rollout.checkpoint_engine.backend -> async_training.sync_transport
 MEGATRON_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 MCORE_LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")

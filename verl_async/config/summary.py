@@ -10,6 +10,15 @@ from verl_async.config import derived
 from verl_async.config.run_paths import run_dir
 
 
+# a verl script run as written sets no async_training key: it gets this recipe's fully async defaults
+SYNC_HINT = ("schedule     fully async (no async_training.* key given); for verl's synchronous schedule add "
+             "async_training.staleness_threshold=0 async_training.trigger_parameter_sync_step=1")
+
+
+def _synchronous(at: Any) -> bool:
+    return float(at.staleness_threshold) == 0 and int(at.trigger_parameter_sync_step) == 1
+
+
 def _files(value: Any) -> str:
     return value if isinstance(value, str) else ", ".join(value or []) or "-"
 
@@ -42,11 +51,29 @@ def describe(cfg: DictConfig, facts: Optional[Dict[str, Any]] = None) -> str:
         f"sync every {at.trigger_parameter_sync_step} step(s) via {at.sync_transport}",
         f"staleness    threshold {at.staleness_threshold} -> at most {derived.max_required_samples(cfg)} groups "
         f"per parameter version; partial_rollout {'on' if at.partial_rollout else 'off'}",
-        f"outputs      {run_dir(cfg)}  (loggers: {', '.join(t.logger)})",
+        *([SYNC_HINT] if facts.get("async_keys_given") is False and not _synchronous(at) else []),
+        f"outputs      {run_dir(cfg)}  (loggers: {', '.join(t.logger)}){_logger_dirs(t.logger)}",
     ]
+    if facts.get("run_dir_moved"):
+        lines.append(f"             {facts['run_dir_moved']}")
+    threads = derived.cpu_threads(cfg)
+    if threads is not None:
+        ranks = t.cpu_threads_per_worker or threads
+        lines.append(f"cpu threads  {ranks} per trainer rank, {threads} per engine replica "
+                     f"(trainer.cpu_threads_per_worker; the cores shared by ranks and replicas)")
     if facts.get("resume") is not None:
         lines.append(f"checkpoint   {facts['resume'].describe()}")
     return "\n".join(lines)
+
+
+def _logger_dirs(loggers: Any) -> str:
+    """Where verl's environment variables move a logger's files (utils/tracking_backends.py)."""
+    import os
+
+    moved = [(name, var) for name, var in (("tensorboard", "TENSORBOARD_DIR"), ("file", "VERL_FILE_LOGGER_PATH"))
+             if name in loggers and os.environ.get(var)]
+    return "".join(f"; {name} in {os.path.abspath(os.path.expanduser(os.environ[var]))} (${var})"
+                   for name, var in moved)
 
 
 def _filter_groups(fg: Any) -> str:

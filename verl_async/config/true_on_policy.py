@@ -1,4 +1,4 @@
-"""Checks of `actor_rollout_ref.rollout.true_on_policy` (README "True on-policy mode"): the engines,
+"""Checks of `actor_rollout_ref.rollout.true_on_policy` (docs/true_on_policy.md): the engines,
 trainers and settings it cannot serve are refused here, one line naming the key, before anything starts.
 
 The mode makes the native engine and the FSDP2 trainer run the same batch-invariant kernels

@@ -43,5 +43,5 @@ Before a long run:
   python -m recipe.fully_async_main ... --cfg job              prints the composed config
 Ctrl-C stops a run and prints the command that resumes it.
 
-Everything else: README.md, and the full configuration below (Hydra's help).
+Everything else: README.md and docs/ (docs/configuration.md: every key), and the full configuration below (Hydra's help).
 """

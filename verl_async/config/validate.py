@@ -19,9 +19,10 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from verl_async.config import schema as S
 from verl_async.config.checks import CHECKS
-from verl_async.config.compat import ALIASES, warn_compat_keys
+from verl_async.config.compat import ALIASES, unset, warn_compat_keys
 from verl_async.config.errors import ConfigError
 from verl_async.config.verl09 import map_verl09, refuse_unimplemented
+from verl_async.config.verl_v1 import map_verl_v1, pre_merge as pre_merge_v1, used_keys as v1_used_keys
 
 _MISSING = object()
 
@@ -35,16 +36,18 @@ def validate(cfg: Any) -> DictConfig:
     """
     raw = _resolve(cfg)
     refuse_unimplemented(raw)
+    pre_merge_v1(raw)
     strategy = _select(raw, "actor_rollout_ref.actor.strategy")
     _check_strategy_sections(raw, strategy)
     root = S.root_schema(strategy)
+    _refuse_unknown_keys(root, raw)
     typed = _merge(OmegaConf.structured(root), raw, root)
     _check_missing(typed)
     _check_rules(typed, "")
     _normalize(typed)
     for check in CHECKS:
         check(typed)
-    warn_compat_keys(typed)
+    warn_compat_keys(typed, skip=v1_used_keys(typed))
     return typed
 
 
@@ -89,6 +92,30 @@ def _check_strategy_sections(raw: dict, strategy: Any) -> None:
             f"a Megatron optimizer key, but actor_rollout_ref.actor.strategy={strategy}; "
             "use --config-name=fully_async_ppo_megatron_trainer (FSDP uses optim.lr_scheduler_type)",
         )
+
+
+def unknown_keys(cls: type, raw: Any, prefix: str = "") -> List[str]:
+    """Every key of `raw` the schema `cls` does not declare (full keys, depth first); free-form nodes hold any."""
+    if not isinstance(raw, dict) or not dataclasses.is_dataclass(cls):
+        return []
+    hints = typing.get_type_hints(cls)
+    out: List[str] = []
+    for name, value in raw.items():
+        if name not in hints:
+            out.append(f"{prefix}{name}")
+            continue
+        child = _dataclass_of(hints[name])
+        if child is not None:
+            out += unknown_keys(child, value, f"{prefix}{name}.")
+    return out
+
+
+def _refuse_unknown_keys(root: type, raw: dict) -> None:
+    """All unknown keys in one line (a verl script sets several; one run per key would be a long way)."""
+    unknown = unknown_keys(root, raw)
+    if unknown:
+        more = f"; also unknown: {', '.join(unknown[1:])}" if len(unknown) > 1 else ""
+        raise ConfigError(unknown[0], "unknown key" + _suggest(root, unknown[0]) + more)
 
 
 def _merge(schema: DictConfig, raw: dict, root: type) -> DictConfig:
@@ -149,13 +176,14 @@ def _normalize(cfg: DictConfig) -> None:
     """Map verl spellings (compat.ALIASES, then verl 0.9's layout) and fill verl's implicit defaults."""
     for alias in ALIASES:
         value = _plain(OmegaConf.select(cfg, alias.src))
-        if value is None or value == {}:
+        if unset(value):
             continue
         current = _plain(OmegaConf.select(cfg, alias.dst))
         if current != alias.dst_default and current != value:
             raise ConfigError(alias.src, f"{value!r} conflicts with {alias.dst}={current!r}; set only one")
         OmegaConf.update(cfg, alias.dst, value, merge=False)
     map_verl09(cfg)
+    map_verl_v1(cfg)  # before `auto` below: the V1 mode decides rollout.colocate
     actor = cfg.actor_rollout_ref.actor
     if actor.optim.warmup_style is not None:  # verl: the old name wins when set
         actor.optim.lr_scheduler_type = actor.optim.warmup_style

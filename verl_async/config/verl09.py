@@ -5,7 +5,7 @@ as `algorithm.rollout_correction.{rollout_is, rollout_rs, ...}`; verl_async has 
 and its own `actor_rollout_ref.actor.rollout_correction`. validate() calls `map_verl09`
 after the schema merge (and after the aliases, which copy the `reward` group, bypass_mode
 and the checkpoint_engine keys). Keys that exist in verl only for features verl_async
-lacks (vision-language models, expert-parallel generation, LoRA adapters) are refused by
+lacks (vision-language models, expert-parallel generation, Megatron LoRA, MTP) are refused by
 `refuse_unimplemented` before the merge, in one line saying so, not as "unknown key".
 """
 
@@ -14,20 +14,28 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from verl_async.config.compat import warn_once
 from verl_async.config.errors import ConfigError
 
 _VLM = "vision-language (multi-modal) training is not implemented in verl_async; train a text-only model"
-_LORA = "LoRA is not implemented in verl_async (full-parameter training only); remove it"
+_LORA = ("verl's Megatron LoRA (model.lora.*) is not implemented in verl_async; LoRA trains with the FSDP2 "
+         "trainer: set actor_rollout_ref.model.lora_rank (and lora_alpha, target_modules) instead")
 _EP = "expert-parallel MoE generation is not implemented in verl_async (dense models); leave it at 1"
+# also checks.no_expert_parallelism's words (the ref's and expert-tensor sizes, after the merge)
+EP_TRAIN = "MoE expert parallelism is not implemented (the Megatron trainer converts dense models); set it to 1"
+_MFSDP = ("Megatron-FSDP is not implemented in verl_async (the Megatron trainer shards its optimizer with "
+          "use_distributed_optimizer); leave it false")
+_MTP = ("multi-token prediction (MTP: an extra head trained and used for speculative decoding) is not implemented "
+        "in verl_async; set mtp.enable, enable_train and enable_rollout to false")
 
 
 class Unimplemented(NamedTuple):
     key: str
     why: str
     neutral: Tuple[Any, ...] = ()  # values that ask for nothing: the key is dropped silently
+    ours: bool = False  # a key of verl_async's schema too (checked early, kept)
 
 
 UNIMPLEMENTED: Tuple[Unimplemented, ...] = (
@@ -36,8 +44,10 @@ UNIMPLEMENTED: Tuple[Unimplemented, ...] = (
     Unimplemented("actor_rollout_ref.actor.freeze_vision_tower", _VLM, (False,)),
     Unimplemented("actor_rollout_ref.rollout.limit_images", _VLM, (None,)),
     Unimplemented("actor_rollout_ref.rollout.expert_parallel_size", _EP, (1,)),
-    Unimplemented("actor_rollout_ref.model.lora.rank", _LORA, (0,)),
-    Unimplemented("actor_rollout_ref.model.lora_adapter_path", _LORA, (None,)),
+    # before the merge: a MoE script is told so before any other key of it
+    Unimplemented("actor_rollout_ref.actor.megatron.expert_model_parallel_size", EP_TRAIN, (1,), ours=True),
+    Unimplemented("actor_rollout_ref.actor.megatron.use_megatron_fsdp", _MFSDP, (False,)),
+    Unimplemented("actor_rollout_ref.ref.megatron.use_megatron_fsdp", _MFSDP, (False,)),
 )
 
 
@@ -71,6 +81,13 @@ def _drop(chain: List[dict], key: str) -> None:
         del chain[depth - 1][parts[depth - 1]]
 
 
+# verl nodes of a feature verl_async lacks: node -> (the switches that ask for it, why); switched off, the node goes
+UNIMPLEMENTED_NODES: Dict[str, Tuple[Tuple[str, ...], str]] = {
+    "actor_rollout_ref.model.mtp": (("enable", "enable_train", "enable_rollout"), _MTP),
+    "actor_rollout_ref.model.lora": (("rank",), _LORA),
+}
+
+
 def refuse_unimplemented(raw: Dict[str, Any]) -> None:
     """ConfigError for a verl key or value of a feature verl_async lacks; a neutral value is removed from `raw`."""
     for item in UNIMPLEMENTED:
@@ -80,11 +97,21 @@ def refuse_unimplemented(raw: Dict[str, Any]) -> None:
         value = chain[-1][item.key.rsplit(".", 1)[-1]]
         if value not in item.neutral:
             raise ConfigError(item.key, f"{value!r}: {item.why}")
-        _drop(chain, item.key)
+        if not item.ours:
+            _drop(chain, item.key)
     for (key, value), why in UNIMPLEMENTED_VALUES.items():
         chain = _chain(raw, key)
         if chain is not None and chain[-1][key.rsplit(".", 1)[-1]] == value:
             raise ConfigError(key, f"{value}: {why}")
+    for node, (switches, why) in UNIMPLEMENTED_NODES.items():
+        chain = _chain(raw, node)
+        if chain is None:
+            continue
+        value = chain[-1][node.rsplit(".", 1)[-1]]
+        on = [k for k in switches if isinstance(value, dict) and value.get(k) not in (None, False)]
+        if on:
+            raise ConfigError(f"{node}.{on[0]}", f"{value[on[0]]!r}: {why}")
+        _drop(chain, node)
 
 
 def map_verl09(cfg: DictConfig) -> None:
@@ -92,7 +119,11 @@ def map_verl09(cfg: DictConfig) -> None:
     _fsdp_strategy(cfg)
     rc = cfg.algorithm.rollout_correction
     actor = cfg.actor_rollout_ref.actor
-    ours = rollout_correction_from_verl(rc, bypass=bool(cfg.async_training.use_rollout_log_probs))
+    bypass = bool(cfg.async_training.use_rollout_log_probs)
+    if bypass:
+        bypass_loss(cfg)
+        return
+    ours = rollout_correction_from_verl(rc)
     if ours is None:
         return
     if actor.rollout_correction.enable:
@@ -158,32 +189,28 @@ def parse_bounds(key: str, spec: Any) -> Tuple[Optional[float], float]:
     return None, _number(key, spec)
 
 
-def rollout_correction_from_verl(rc: Any, *, bypass: bool) -> Optional[Dict[str, Any]]:
+def rollout_correction_from_verl(rc: Any) -> Optional[Dict[str, Any]]:
     """verl 0.9's algorithm.rollout_correction as actor.rollout_correction values; None when it asks for none.
 
-    Both compare the recomputed old policy with the rollout's: r = pi_old / pi_rollout.
+    Decoupled mode (bypass=false; bypass mode is `bypass_loss`). Both compare the recomputed old
+    policy with the rollout's: r = pi_old / pi_rollout.
     IS (`rollout_is` token|sequence): a number is verl's TIS, w = min(r, u) (mode truncate);
     "lower_upper" is IcePop, verl zeroes the weight of tokens outside and verl_async drops
     them from the loss mask (mode mask: they also leave the token-mean denominator).
     Rejection (`rollout_rs`): verl's k1 statistic is -log r, kept within [log lower, log
     upper], i.e. 1/upper <= r <= 1/lower at the token, sequence-sum (product) or
-    sequence-mean (geometric) level: verl_async's rs bounds on r. k2/k3 statistics, several
-    options, rejection without IS weights, corrections in bypass mode and the reinforce loss
-    are not implemented: each is refused naming its key.
+    sequence-mean (geometric) level: verl_async's rs bounds on r. Here k2/k3 statistics, several
+    options and rejection without IS weights are not implemented: each is refused naming its key
+    (bypass mode takes all of verl's options).
     """
     if rc.loss_type != "ppo_clip":
-        raise ConfigError(f"{_RC}.loss_type", f"{rc.loss_type} is not implemented; verl_async trains with the PPO "
-                                               "clipped objective: use ppo_clip")
+        warn_once(f"{_RC}.loss_type", f"{_RC}.loss_type={rc.loss_type} has no effect with bypass_mode=false (as in "
+                                      "verl: it picks bypass mode's loss)")
     if rc.rollout_is is None and rc.rollout_rs is None:
         if rc.rollout_is_batch_normalize:
             warn_once(f"{_RC}.rollout_is_batch_normalize",
                       f"{_RC}.rollout_is_batch_normalize=true has no effect with rollout_is=null (as in verl)")
         return None
-    which = f"{_RC}.rollout_is" if rc.rollout_is is not None else f"{_RC}.rollout_rs"
-    if bypass:
-        raise ConfigError(which, "is not implemented with bypass_mode=true (the rollout's log-probs as the old "
-                                 f"policy: every weight would be 1); set {_RC}.bypass_mode=false to correct against "
-                                 "recomputed old log-probs")
     if rc.rollout_is is None:
         raise ConfigError(f"{_RC}.rollout_rs", "rejection without importance weights (rollout_is=null) is not "
                                                f"implemented; set {_RC}.rollout_is=token or sequence")
@@ -207,3 +234,74 @@ def _rejection(option: str, threshold: Any) -> Dict[str, Any]:
     lower = 1.0 / upper if lower is None else lower
     # -log r within [log lower, log upper]  <=>  r within [1/upper, 1/lower]
     return {"rs": True, "rs_level": RS_LEVELS[option], "rs_lower": 1.0 / upper, "rs_upper": 1.0 / lower}
+
+
+# --------------------------------------------------------------------------- bypass mode
+_PL = "actor_rollout_ref.actor.policy_loss"
+_BYPASS_KEYS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                "rollout_rs_threshold", "loss_type")
+
+
+def bypass_loss(cfg: DictConfig) -> None:
+    """verl's bypass mode (the rollout's log-probs are the old policy) with a correction: the bypass_mode loss.
+
+    verl's `apply_bypass_mode` copies algorithm.rollout_correction into actor.policy_loss.rollout_correction
+    and sets policy_loss.loss_mode=bypass_mode: per micro-batch, log r = log pi - log pi_rollout of the
+    policy being trained gives the `rollout_rs` rejection and the `rollout_is` weights (which reinforce
+    uses and ppo_clip only logs). verl 0.9.1 makes that switch on the driver after its workers were built,
+    so there it has no effect (verl-project/verl#4912, fix in #4930); verl_async does what verl documents.
+    Without rollout_is, rollout_rs and reinforce the loss is the plain one against the rollout's log-probs
+    (bypass_mode's ppo_clip is vanilla then), so any policy_loss.loss_mode runs unchanged.
+    """
+    rc = cfg.algorithm.rollout_correction
+    pl = cfg.actor_rollout_ref.actor.policy_loss
+    if rc.rollout_is is None and rc.rollout_rs is None and rc.loss_type == "ppo_clip":
+        if rc.rollout_is_batch_normalize:
+            warn_once(f"{_RC}.rollout_is_batch_normalize",
+                      f"{_RC}.rollout_is_batch_normalize=true has no effect with rollout_is=null (as in verl)")
+        _check_bypass_spec(pl)
+        return
+    which = next(k for k in ("rollout_is", "rollout_rs", "loss_type")
+                 if rc[k] is not None and (k != "loss_type" or rc[k] != "ppo_clip"))
+    if pl.loss_mode not in ("vanilla", "bypass_mode"):
+        raise ConfigError(f"{_PL}.loss_mode", f"{pl.loss_mode}: {_RC}.{which} with bypass_mode=true trains with "
+                                              "verl's bypass_mode loss (PPO clip or REINFORCE against the rollout "
+                                              "policy); use loss_mode=vanilla, or bypass_mode=false to keep "
+                                              f"{pl.loss_mode}")
+    default = OmegaConf.create({"rollout_is": None, "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": False,
+                                "rollout_rs": None, "rollout_rs_threshold": None, "loss_type": "ppo_clip"})
+    for key in _BYPASS_KEYS:
+        ours = pl.rollout_correction[key]
+        if ours != default[key] and ours != rc[key]:
+            raise ConfigError(f"{_RC}.{key}", f"{rc[key]!r} conflicts with {_PL}.rollout_correction.{key}={ours!r}; "
+                                              "set only one")
+        pl.rollout_correction[key] = rc[key]
+    pl.loss_mode = "bypass_mode"
+    _check_bypass_spec(pl)
+
+
+def _check_bypass_spec(pl: DictConfig) -> None:
+    """The bypass_mode loss's correction, checked here so a bad spec fails before anything starts."""
+    if pl.loss_mode != "bypass_mode":
+        return
+    bc = pl.rollout_correction
+    key = f"{_PL}.rollout_correction"
+    if bc.rollout_is_batch_normalize and bc.rollout_is is not None and bc.loss_type == "reinforce":
+        raise ConfigError(f"{key}.rollout_is_batch_normalize",
+                          "true with loss_type=reinforce in bypass mode is not implemented (verl normalises each "
+                          "micro-batch's weights over all ranks inside the loss); set it to false")
+    # verl_async.algos imports torch: only when a bypass_mode loss is asked for
+    from verl_async.algos.rollout_rejection import parse_is_threshold, parse_rejection
+
+    try:
+        if bc.rollout_rs is not None:
+            parse_rejection(bc.rollout_rs, _plain(bc.rollout_rs_threshold))
+        if bc.rollout_is is not None:
+            parse_is_threshold(_plain(bc.rollout_is_threshold))
+    except ValueError as exc:
+        name, _, why = str(exc).partition(": ")
+        raise ConfigError(f"{key}.{name.split()[0]}", why or str(exc)) from None
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value

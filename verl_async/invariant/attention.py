@@ -5,12 +5,15 @@ sequences at once; both reach `canonical_attention` with the same layout: per se
 and values at their positions 0..span-1 (zeros past the sequence), queries as [S, kv heads,
 query heads per kv head, positions, D] with each query's position. Every query attends over
 all `span` key slots with the ones it may not see masked to -inf, so the softmax's max, the
-exp and both GEMMs have the same lengths and shapes on both sides, and a masked slot adds an
-exact 0. Queries go through in tiles of `tile` positions (decode pads its single query), so
-each GEMM entry has the fixed shape [heads per kv head x tile, D] x [D, span] and
-[.. x tile, span] x [span, D + 1]: the last column of `[V | 1]` gives the softmax's
-denominator from the same GEMM, so no row reduction of varying shape remains. The math runs
-in float32 (inputs upcast), the result in the query's dtype.
+exp and both reductions have the same lengths on both sides, and a masked slot adds an exact 0.
+
+On CPU both GEMMs are exact (`_attend_exact`, verl_async/invariant/exact.py): no call shape,
+thread count or BLAS can change a query's bits, and the masked slots past the last query's position
+can be left out (the bit widths stay the span's). On CUDA queries go through in tiles of `tile`
+positions (decode pads its single query), so each GEMM has the fixed shape
+[heads per kv head x tile, D] x [D, span] and [.. x tile, span] x [span, D + 1]: the last
+column of `[V | 1]` gives the softmax's denominator from the same GEMM (float32, inputs upcast).
+The result is in the query's dtype.
 
 Training needs gradients: `CanonicalAttention` returns this forward and differentiates the same
 function through torch's SDPA with the same mask (a gradient need not match bit for bit).
@@ -31,8 +34,10 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from verl_async.invariant import exact
 from verl_async.invariant.shapes import shapes_for
 
+EXACT_CHUNK_ELEMENTS = 1 << 22  # float64 scores per query chunk of the CPU forward (memory only)
 ATTENTION_NAME = "true_on_policy"
 SPAN_ATTR = "_true_on_policy_span"  # set on each attention module by model.make_invariant
 
@@ -47,7 +52,22 @@ def _allowed(q_pos: torch.Tensor, span: int, window: Optional[int]) -> torch.Ten
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
-            window: Optional[int], tile: int) -> torch.Tensor:
+            window: Optional[int], tile: int, span: int) -> torch.Tensor:
+    """q [S, G, R, M, D], k/v [S, G, L, D], q_pos [S, M] -> [S, G, R, M, D]: CPU exact, else fixed tiles
+    (there L must be the span)."""
+    if q.device.type == "cpu":
+        return _attend_exact(q, k, v, q_pos, scale, window, span)
+    M = q.shape[3]
+    pad = -M % tile
+    if pad:
+        q = F.pad(q, (0, 0, 0, pad))
+        q_pos = F.pad(q_pos, (0, pad))  # padding queries sit at position 0: one visible key, finite garbage
+    out = _attend_tiles(q, k, v, q_pos, scale, window, tile)
+    return out[:, :, :, :M] if pad else out
+
+
+def _attend_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
+                  window: Optional[int], tile: int) -> torch.Tensor:
     """q [S, G, R, M, D] (M a multiple of tile), k/v [S, G, L, D], q_pos [S, M] -> [S, G, R, M, D]."""
     S, G, R, M, D = q.shape
     L = k.shape[2]
@@ -62,6 +82,55 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tens
         weights = torch.exp(scores - scores.amax(-1, keepdim=True)).view(S * G, R * tile, L)
         acc = torch.bmm(weights, vx).view(S, G, R, tile, D + 1)
         out[:, :, :, t0 : t0 + tile] = (acc[..., :D] / acc[..., D:]).to(q.dtype)
+    return out
+
+
+def _attend_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
+                  window: Optional[int], span: int) -> torch.Tensor:
+    """The CPU forward: both GEMMs exact (exact.py), so no call shape or BLAS can change a query's bits.
+
+    Scores: each query row on a grid of `53 - 24 - ceil(log2 D)` bits, each key row on a 24-bit grid,
+    one exact float64 GEMM. Softmax in float32 (elementwise), its denominator an exact sum. Values: the
+    probability of key l times 2^(e_l) (e_l: value row l's exponent, exact), that row on a grid of
+    `53 - 24 - ceil(log2 L)` bits in two slices, value rows on 24-bit grids: the numerator's GEMM is
+    exact too. Every grid comes from the query's own visible keys or one key's own data, so a decode
+    query against the cache and the same query in a training sequence get the same bits. The bit
+    widths come from `span`, not from L: any number L <= span of key columns past the visible ones
+    (masked: an exact 0 everywhere) gives the same bits, so callers pass only the keys in use. Queries
+    go through in chunks only to bound memory (exact results do not depend on them either).
+    """
+    S, G, R, M, D = q.shape
+    L = k.shape[2]
+    if L > span:
+        raise ValueError(f"true_on_policy attention: {L} keys exceed the span {span}")
+    SG = S * G
+    k64, v64 = k.detach().to(torch.float64), v.detach().to(torch.float64)
+    ek, ev = exact.row_exponents(k64), exact.row_exponents(v64)  # [S, G, L, 1]
+    key_ints = exact.grid_slices(k64, ek, exact.WEIGHT_BITS, 1)[0].view(SG, L, D).transpose(1, 2)
+    value_ints = exact.grid_slices(v64, ev, exact.WEIGHT_BITS, 1)[0].view(SG, L, D)
+    key_scale = exact.pow2(ek - exact.WEIGHT_BITS).view(SG, 1, L)
+    value_up = exact.pow2(ev).view(SG, 1, L)
+    q_bits = exact.MANTISSA_BITS - exact.WEIGHT_BITS - exact.ceil_log2(D)
+    p_bits = exact.MANTISSA_BITS - exact.WEIGHT_BITS - exact.ceil_log2(span)
+    out = q.new_empty((S, G, R, M, D))
+    chunk = max(1, EXACT_CHUNK_ELEMENTS // max(1, SG * R * L))
+    for t0 in range(0, M, chunk):
+        c = min(chunk, M - t0)
+        q64 = q[:, :, :, t0 : t0 + c].detach().to(torch.float64)
+        eq = exact.row_exponents(q64)  # [S, G, R, c, 1]
+        q_ints = exact.grid_slices(q64, eq, q_bits, 1)[0].view(SG, R * c, D)
+        scores = exact.batched_gemm(q_ints, key_ints) * exact.pow2(eq - q_bits).view(SG, R * c, 1) * key_scale
+        scores = (scores * scale).to(torch.float32).view(S, G, R, c, L)
+        allowed = _allowed(q_pos[:, t0 : t0 + c], L, window)[:, None, None]  # [S, 1, 1, c, L]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        p = torch.exp(scores - scores.amax(-1, keepdim=True)).view(SG, R * c, L).to(torch.float64)
+        denominator = exact.sum_last(p, span)  # [SG, Rc, 1]
+        weighted = p * value_up  # exact: a power of two per key
+        ew = exact.row_exponents(weighted)
+        w_ints = exact.grid_slices(weighted, ew, p_bits, 2)  # [2, SG, Rc, L]
+        parts = exact.batched_gemm(w_ints.transpose(0, 1).reshape(SG, 2 * R * c, L), value_ints).view(SG, 2, R * c, D)
+        numerator = (parts[:, 0] + parts[:, 1] * 2.0 ** -p_bits) * exact.pow2(ew - p_bits - exact.WEIGHT_BITS)
+        out[:, :, :, t0 : t0 + c] = (numerator / denominator).view(S, G, R, c, D).to(q.dtype)
     return out
 
 
@@ -80,10 +149,10 @@ class CanonicalAttention(torch.autograd.Function):
     """Forward: `_attend` (batch-invariant). Backward: the gradient of the same attention via SDPA."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, scale, window, tile):  # type: ignore[override]
+    def forward(ctx, q, k, v, q_pos, scale, window, tile, span):  # type: ignore[override]
         ctx.save_for_backward(q, k, v, q_pos)
         ctx.scale, ctx.window = scale, window
-        return _attend(q, k, v, q_pos, scale, window, tile)
+        return _attend(q, k, v, q_pos, scale, window, tile, span)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
@@ -93,23 +162,20 @@ class CanonicalAttention(torch.autograd.Function):
             out = _reference(*leaves, q_pos, ctx.scale, ctx.window)
             wanted = [t for t in leaves if t.requires_grad]
             grads = iter(torch.autograd.grad(out, wanted, grad)) if wanted else iter(())
-        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None, None, None)
+        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None, None, None, None)
 
 
 def canonical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, *, scale: float,
-                        window: Optional[int] = None) -> torch.Tensor:
-    """q [S, G, R, M, D], k/v [S, G, span, D], q_pos [S, M] -> [S, G, R, M, D]; M is padded to the tile here."""
+                        window: Optional[int] = None, span: Optional[int] = None) -> torch.Tensor:
+    """q [S, G, R, M, D], k/v [S, G, L, D], q_pos [S, M] -> [S, G, R, M, D] (on CUDA M is padded to the tile).
+
+    `span` (default L): the key slots both sides attend over. On CPU L may be shorter (keys past every
+    query's position left out, same bits); on CUDA L must be the span."""
     tile = shapes_for(q.device).attn_tile
-    M = q.shape[3]
-    pad = -M % tile
-    if pad:
-        q = F.pad(q, (0, 0, 0, pad))
-        q_pos = F.pad(q_pos, (0, pad))  # padding queries sit at position 0: one visible key, finite garbage
+    span = int(k.shape[2] if span is None else span)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out = CanonicalAttention.apply(q, k, v, q_pos, float(scale), window, tile)
-    else:  # the engine: the same forward without autograd's bookkeeping
-        out = _attend(q, k, v, q_pos, float(scale), window, tile)
-    return out[:, :, :, :M] if pad else out
+        return CanonicalAttention.apply(q, k, v, q_pos, float(scale), window, tile, span)
+    return _attend(q, k, v, q_pos, float(scale), window, tile, span)  # the engine: no autograd bookkeeping
 
 
 # ---------------------------------------------------------------- layouts
@@ -121,11 +187,11 @@ def _slot_layout(query, key, value, positions, span, scale, window):
     Lk = key.shape[2]
     if Lk > span:
         raise ValueError(f"true_on_policy attention: {Lk} keys exceed the span {span}")
-    if Lk < span:
+    if Lk < span and query.device.type != "cpu":  # CUDA's fixed shapes; CPU's exact sums need no padding
         key = F.pad(key, (0, 0, 0, span - Lk))
         value = F.pad(value, (0, 0, 0, span - Lk))
     q = query.reshape(B, G, H // G, Lq, D)
-    out = canonical_attention(q, key, value, positions.expand(B, Lq), scale=scale, window=window)
+    out = canonical_attention(q, key, value, positions.expand(B, Lq), scale=scale, window=window, span=span)
     return out.reshape(B, H, Lq, D).transpose(1, 2)
 
 
@@ -137,16 +203,17 @@ def _token_layout(q_tok, k_tok, v_tok, seq, pos, num_seqs, span, scale, window):
         raise ValueError(f"true_on_policy attention: position {int(pos.max())} is past the span {span} "
                          f"(prompt_length + response_length)")
     M = int(pos.max()) + 1 if N else 1
+    L = M if q_tok.device.type == "cpu" else span  # CPU: the keys in use (exact sums); CUDA: the fixed span
     q_index = seq * M + pos
-    k_index = seq * span + pos
+    k_index = seq * L + pos
     qc = q_tok.new_zeros((num_seqs * M, H, D)).index_copy(0, q_index, q_tok)
-    kc = k_tok.new_zeros((num_seqs * span, G, D)).index_copy(0, k_index, k_tok)
-    vc = v_tok.new_zeros((num_seqs * span, G, D)).index_copy(0, k_index, v_tok)
+    kc = k_tok.new_zeros((num_seqs * L, G, D)).index_copy(0, k_index, k_tok)
+    vc = v_tok.new_zeros((num_seqs * L, G, D)).index_copy(0, k_index, v_tok)
     q = qc.view(num_seqs, M, G, H // G, D).permute(0, 2, 3, 1, 4)
-    k = kc.view(num_seqs, span, G, D).transpose(1, 2)
-    v = vc.view(num_seqs, span, G, D).transpose(1, 2)
+    k = kc.view(num_seqs, L, G, D).transpose(1, 2)
+    v = vc.view(num_seqs, L, G, D).transpose(1, 2)
     q_pos = torch.arange(M, device=q_tok.device).expand(num_seqs, M)
-    out = canonical_attention(q, k, v, q_pos, scale=scale, window=window)  # [S, G, R, M, D]
+    out = canonical_attention(q, k, v, q_pos, scale=scale, window=window, span=span)  # [S, G, R, M, D]
     return out.permute(0, 3, 1, 2, 4).reshape(num_seqs * M, H, D).index_select(0, q_index)
 
 

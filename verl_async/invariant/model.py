@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from verl_async.invariant import attention
+from verl_async.invariant import attention, exact
 from verl_async.invariant.ops import linear, rms_norm, silu
 from verl_async.invariant.shapes import shapes_for
 
@@ -34,8 +34,8 @@ def attention_span(max_model_len: int) -> int:
     return -(-int(max_model_len) // SPAN_MULTIPLE) * SPAN_MULTIPLE
 
 
-def invariant_problem(model: torch.nn.Module) -> Optional[str]:
-    """Why `make_invariant` cannot serve this model, or None."""
+def invariant_problem(model: torch.nn.Module, span: Optional[int] = None) -> Optional[str]:
+    """Why `make_invariant` cannot serve this model (with attention over `span` keys), or None."""
     config = model.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     kind = getattr(text, "model_type", None)
@@ -49,11 +49,34 @@ def invariant_problem(model: torch.nn.Module) -> Optional[str]:
     for name, buf in model.named_buffers():
         if name.endswith("inv_freq") and buf.dtype != torch.float32:
             return f"rotary buffer {name} is {buf.dtype}, not float32"
-    return None
+    heads = getattr(text, "num_attention_heads", 1)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    lengths = {"hidden_size": text.hidden_size, "intermediate_size": getattr(text, "intermediate_size", 1),
+               "num_attention_heads * head_dim": heads * head_dim}
+    if span is not None:
+        lengths["the attention span (prompt + response length)"] = int(span)
+    return exact.length_problem(lengths)
+
+
+GRID_ATTR = "_true_on_policy_grid"  # (weight identity, exact.WeightGrid) on a Linear whose owner keeps grids
+
+
+def _weight_grid(module: torch.nn.Linear) -> Optional[exact.WeightGrid]:
+    """The weight's exact grid, kept on the module while the weight's storage and version counter are unchanged
+    (an in-place refit such as the engine's `param.copy_` bumps the counter); None where not kept."""
+    cached = getattr(module, GRID_ATTR, None)
+    if cached is None or module.weight.device.type != "cpu":
+        return None
+    w = module.weight
+    key = (w.data_ptr(), w._version, tuple(w.shape), w.dtype)
+    if cached[0] != key:
+        cached = (key, exact.weight_grid(w))
+        setattr(module, GRID_ATTR, cached)
+    return cached[1]
 
 
 def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias, shapes_for(x.device, x.dtype).linear_rows)
+    return linear(x, self.weight, self.bias, shapes_for(x.device).linear_rows, _weight_grid(self))
 
 
 def _norm_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -72,9 +95,12 @@ def _is_rms_norm(module: torch.nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor)
 
 
-def make_invariant(model: torch.nn.Module, span: int) -> torch.nn.Module:
-    """Patch `model` in place (see the module docstring); `span` from `attention_span`. Returns the model."""
-    problem = invariant_problem(model)
+def make_invariant(model: torch.nn.Module, span: int, *, keep_weight_grids: bool = False) -> torch.nn.Module:
+    """Patch `model` in place (see the module docstring); `span` from `attention_span`. Returns the model.
+
+    `keep_weight_grids` (the engine, whose weights change only by refits): each CPU linear keeps its weight's
+    exact grid (float64, twice the float32 weight's memory) instead of rebuilding it every call."""
+    problem = invariant_problem(model, span)
     if problem is not None:
         raise ValueError(f"actor_rollout_ref.rollout.true_on_policy: {problem}")
     name = attention.register()
@@ -85,6 +111,8 @@ def make_invariant(model: torch.nn.Module, span: int) -> torch.nn.Module:
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             module.forward = types.MethodType(_linear_forward, module)
+            if keep_weight_grids:
+                setattr(module, GRID_ATTR, (None, None))
         elif _is_rms_norm(module):
             module.forward = types.MethodType(_norm_forward, module)
         if isinstance(getattr(module, "act_fn", None), torch.nn.Module) and hasattr(module, "down_proj"):

@@ -1,8 +1,10 @@
 """Batch-invariant linear, RMSNorm and SiLU: each row's result is the same whatever rows share the call.
 
-Pure tensor functions (shapes.py says why fixed shapes). Only the forward values must be
-invariant: backward passes use plain full-size kernels (a gradient need not match anything
-bit for bit), so training pays the fixed shapes once per forward, not three times.
+Pure tensor functions. On CPU the linear's GEMM and the norm's sum are exact (exact.py: no
+BLAS, thread count or row count can change a bit); on CUDA every call has a fixed shape
+(shapes.py says why). Only the forward values must be invariant: backward passes use plain
+full-size kernels (a gradient need not match anything bit for bit), so training pays the
+invariant forward once, not three times.
 
 Elementwise ops on CPU: torch runs a tensor's bulk through SIMD code and the leftover elements
 of each thread's range through scalar code, and for `rsqrt`, `sigmoid`, `silu` and `gelu` the
@@ -17,6 +19,8 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
+
+from verl_async.invariant import exact
 
 
 def map_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: Optional[int]) -> torch.Tensor:
@@ -63,15 +67,14 @@ def _fixed_rows_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: Optional[t
 
 
 class _InvariantLinear(torch.autograd.Function):
-    """Forward in fixed row chunks; backward with whole-tensor GEMMs (F.linear's gradient)."""
+    """Forward: `_forward` (exact on CPU, fixed row chunks elsewhere); backward with whole-tensor GEMMs
+    (F.linear's gradient)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, rows):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, rows, grid):  # type: ignore[override]
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        out = x.new_empty((*x.shape[:-1], weight.shape[0]))  # not a view: FSDP2 hooks the root's output
-        _fixed_rows_linear(x.reshape(-1, x.shape[-1]), weight, bias, rows, out.view(-1, weight.shape[0]))
-        return out
+        return _forward(x, weight, bias, rows, grid)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
@@ -84,25 +87,43 @@ class _InvariantLinear(torch.autograd.Function):
             gw = g2d.t() @ x.reshape(-1, x.shape[-1])
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2d.sum(0)
-        return gx, gw, gb, None
+        return gx, gw, gb, None, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: Optional[int]) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` computed `rows` rows per GEMM (x's leading dims flattened; None: one GEMM)."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
-        return _InvariantLinear.apply(x, weight, bias, rows)
-    out = x.new_empty((*x.shape[:-1], weight.shape[0]))  # no graph to record: the same forward, without autograd's
+def _forward(x, weight, bias, rows, grid):
+    out = x.new_empty((*x.shape[:-1], weight.shape[0]))  # not a view: FSDP2 hooks the root's output
+    if x.device.type == "cpu":
+        return exact.linear(x, grid if grid is not None else exact.weight_grid(weight), bias, out)
     _fixed_rows_linear(x.reshape(-1, x.shape[-1]), weight, bias, rows, out.view(-1, weight.shape[0]))
     return out
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: Optional[int],
+           grid: Optional[exact.WeightGrid] = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`, a row's bits independent of the others: on CPU with exact sums (`grid`:
+    the weight's `exact.weight_grid`, when the caller keeps one), elsewhere `rows` rows per GEMM (x's
+    leading dims flattened; None: one GEMM)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return _InvariantLinear.apply(x, weight, bias, rows, grid)
+    return _forward(x, weight, bias, rows, grid)  # no graph to record: the same forward, without autograd's
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, reduce_rows: Optional[int]) -> torch.Tensor:
     """HF's Llama/Qwen RMSNorm (float32 inside, the weight applied in the input dtype), with the
-    variance as a fixed-shape row reduction and `1 / sqrt` for `rsqrt` (whose CPU paths disagree)."""
+    variance as an exact sum on CPU (a fixed-shape row reduction elsewhere) and `1 / sqrt` for
+    `rsqrt` (whose CPU paths disagree)."""
     dtype = x.dtype
     h = x.float()
     flat = h.reshape(-1, h.shape[-1])
-    variance = map_rows(lambda t: t.pow(2).mean(-1, keepdim=True), flat, reduce_rows).view(*h.shape[:-1], 1)
+    if x.device.type == "cpu":
+        squares = flat.detach().to(torch.float64).square()  # exact: a float32 squared fits a float64
+        variance = (exact.sum_last(squares) / flat.shape[-1]).to(torch.float32)
+        if flat.requires_grad:  # the exact value, the plain mean's gradient (plain - plain.detach() is exactly 0)
+            plain = flat.pow(2).mean(-1, keepdim=True)
+            variance = variance + (plain - plain.detach())
+    else:
+        variance = map_rows(lambda t: t.pow(2).mean(-1, keepdim=True), flat, reduce_rows)
+    variance = variance.view(*h.shape[:-1], 1)
     normed = h / torch.sqrt(variance + eps)
     return weight * normed.to(dtype)
 

@@ -1,30 +1,19 @@
-"""The fixed shapes every true-on-policy kernel call uses, per device, and the process settings they need.
+"""The fixed shapes the CUDA kernels of true on-policy mode use, and the process settings they need.
 
 A GEMM, a row reduction or a softmax gives a row a result that may depend on how many rows
-the call has (the library picks its algorithm, blocking and thread split from the shape) and,
-on CPU, on how many threads run it. The rollout engine decodes a handful of rows; the trainer
-forwards thousands. True on-policy mode therefore never lets the row count reach a kernel:
-every call that computes a reported number has one of the fixed shapes below, padding the last
-chunk, so row r gets the same bits whatever else shares its call and wherever it sits in it.
+the call has (the library picks its algorithm, blocking and thread split from the shape). The
+rollout engine decodes a handful of rows; the trainer forwards thousands.
 
-Measured on CPU (MKL fp32, oneDNN bf16, scripts/check_true_on_policy_gpu.py probes the same on
-CUDA): with a fixed shape, row r's result is the same for any companion rows and any position;
-with a varying row count it is not (fp32 GEMM at 1-12 rows, bf16 GEMM with K=1536 or
-N=49152 at up to 32 and again at 600+ rows, a one-row sum over >= 32768 elements split
-across threads). MKL fp32 results also change with the thread count (engine and trainer run
-with different counts) unless its strict conditional-numerical-reproducibility mode is on:
-`MKL_CBWR=AUTO,STRICT`, read when MKL starts, so it is set in the environment of every
-process (PROCESS_ENV; the pipeline passes it to its Ray workers). On CUDA, cuBLAS(Lt) may
-split K across thread blocks (split-K, stream-K) using its workspace; a workspace of 1 KiB
-leaves only kernels that reduce each output in one block.
+On CPU that is answered by exactness, not by shapes: the linear layers' and attention's GEMMs,
+the norm's and the softmaxes' sums are exact (exact.py), so no row count, thread count or BLAS
+library can change a row's bits, and no process setting is needed (CPU chunk sizes below only
+bound memory).
 
-One exception to "fixed shapes everywhere", for cost: in strict mode MKL's fp32 GEMM gave every
-row the same bits for any row count (1 to 8192 rows, 10 shapes from 64x128 to 896x151936, 1-3
-threads, with and without bias; tests/test_invariant_ops.py keeps checking it), so CPU float32
-linear layers run as one GEMM (`linear_rows=None`): padding a decode step to 16 rows made
-SmolLM2's CPU decode 2.4x slower, mostly in the 49152-row LM head; what remains is strict mode's
-own price (its single-row GEMMs run 2-3x slower than MKL's default ones). bf16 GEMMs (oneDNN) do
-change with the row count and stay chunked.
+On CUDA every call that computes a reported number has one of the fixed shapes below, padding the
+last chunk, so row r gets the same bits whatever else shares its call and wherever it sits in it.
+cuBLAS(Lt) may split K across thread blocks (split-K, stream-K) using its workspace; a workspace
+of 1 KiB leaves only kernels that reduce each output in one block (PROCESS_ENV, read when cuBLAS
+starts: the pipeline passes it to its Ray workers). scripts/check_true_on_policy_gpu.py probes it.
 """
 
 from __future__ import annotations
@@ -35,23 +24,36 @@ from typing import Optional, Union
 
 import torch
 
-# What every process that computes true-on-policy numbers needs before its first GEMM.
+# What every process that computes true-on-policy numbers on CUDA needs before its first GEMM.
 PROCESS_ENV = {
-    "MKL_CBWR": "AUTO,STRICT",
     "CUBLAS_WORKSPACE_CONFIG": ":16:8",
     "CUBLASLT_WORKSPACE_SIZE": "1",
 }
+# CPU: the driver's torch CPU capability (AVX2, AVX512, ...), handed to every worker (pipeline.ray_init). The sums
+# are exact anywhere, but torch's vectorized exp/log/division kernels are chosen per capability: an engine and a
+# trainer on CPUs of different capabilities could round an element differently, so such a worker refuses.
+CPU_CAPABILITY_ENV = "VERL_ASYNC_TRUE_ON_POLICY_CPU_CAPABILITY"
+
+
+def cpu_capability() -> str:
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def worker_env(device_kind: str) -> dict[str, str]:
+    """What the pipeline sets in its Ray workers' environment for the mode on `device_kind`."""
+    if device_kind == "cpu":
+        return {CPU_CAPABILITY_ENV: cpu_capability()}
+    return dict(PROCESS_ENV)
 
 
 @dataclass(frozen=True)
 class Shapes:
     """Rows per call of each kind of kernel (the last chunk padded).
 
-    `linear_rows`: rows of one GEMM of a linear layer (None: all rows in one GEMM, see above).
-    `attn_tile`: query positions of one sequence per attention GEMM (decode pads its one position
-    up to it). `reduce_rows`: rows of one norm-variance reduction; None: any number of rows >= 2 in one
-    call, which is row-invariant on CPU (torch splits a row across threads only when the
-    result is a single element). `logprob_rows`: rows of one log-softmax chunk.
+    `linear_rows`: rows of one GEMM of a linear layer (None: exact, CPU). `attn_tile`: query positions of
+    one sequence per attention GEMM (decode pads its one position up to it; CPU: exact, no tiles).
+    `reduce_rows`: rows of one norm-variance reduction (None: exact, CPU). `logprob_rows`: rows of one
+    log-softmax chunk (CPU: memory only).
     """
 
     linear_rows: Optional[int]
@@ -60,8 +62,7 @@ class Shapes:
     logprob_rows: int
 
 
-CPU_FP32 = Shapes(linear_rows=None, attn_tile=4, reduce_rows=None, logprob_rows=16)
-CPU = Shapes(linear_rows=16, attn_tile=4, reduce_rows=None, logprob_rows=16)
+CPU = Shapes(linear_rows=None, attn_tile=1, reduce_rows=None, logprob_rows=16)
 # CUDA: each chunk is a kernel launch, so training wants big chunks and decode small ones. Norm reductions
 # are cheap per row (1024: few launches for training, a tiny padded decode); a linear chunk of 256 rows costs a
 # decode step about 1 ms of padded GEMMs on a 0.5B model; attention tiles of 32 positions multiply decode's
@@ -69,19 +70,22 @@ CPU = Shapes(linear_rows=16, attn_tile=4, reduce_rows=None, logprob_rows=16)
 CUDA = Shapes(linear_rows=256, attn_tile=32, reduce_rows=1024, logprob_rows=64)
 
 
-def shapes_for(device: Union[str, torch.device], dtype: Optional[torch.dtype] = None) -> Shapes:
-    """The shapes of `device` ("cpu", "cuda", "cuda:1", a torch.device) for tensors of `dtype` (only CPU
-    float32 linear layers differ); other device kinds are refused before a model is built."""
+def shapes_for(device: Union[str, torch.device]) -> Shapes:
+    """The shapes of `device` ("cpu", "cuda", "cuda:1", a torch.device); other device kinds are refused
+    before a model is built."""
     kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
-    if kind != "cpu":
-        return CUDA
-    return CPU_FP32 if dtype == torch.float32 else CPU
+    return CPU if kind == "cpu" else CUDA
 
 
 def environment_problem(device_kind: str) -> Optional[str]:
     """Why this process cannot compute true-on-policy numbers on `device_kind`, or None."""
-    names = ("MKL_CBWR",) if device_kind == "cpu" else ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE")
-    wrong = [n for n in names if os.environ.get(n) != PROCESS_ENV[n]]
+    if device_kind == "cpu":
+        want = os.environ.get(CPU_CAPABILITY_ENV)
+        if want and want != cpu_capability():
+            return (f"actor_rollout_ref.rollout.true_on_policy: this worker's CPU runs torch's {cpu_capability()} "
+                    f"kernels and the driver's {want}: engine and trainer must run on CPUs of one capability")
+        return None
+    wrong = [n for n in PROCESS_ENV if os.environ.get(n) != PROCESS_ENV[n]]
     if not wrong:
         return None
     want = " ".join(f"{n}={PROCESS_ENV[n]}" for n in wrong)

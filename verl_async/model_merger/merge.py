@@ -67,6 +67,11 @@ def merge(backend: str, local_dir: str, target_dir: str, *, dtype: Optional[str]
         state = fsdp_state(local_dir) if backend == "fsdp" else megatron_state(local_dir, meta, hf_config)
     except ShardError as exc:
         raise MergeError(str(exc)) from exc
+    lora = meta.get("lora")
+    if lora:  # a LoRA run: the shards hold peft's base weights and adapters; the HF folder gets them merged
+        from verl_async.trainer.lora import merged_state
+
+        state = merged_state(state, lora.get("scalings") or lora["alpha"] / lora["rank"])
     name = dtype or meta.get("hf_dtype")  # the training dtype; older checkpoints: the shards' own
     target = DTYPES[name] if name else next(iter(state.values())).dtype
     state = {key: t.to(target) for key, t in state.items()}

@@ -89,6 +89,18 @@ def resolve_model_path(path: str) -> str:
 
 def _build_tiny(out_dir: str, spec: TinySpec) -> None:
     """The tiny model, warm-started when the spec asks; `warmstart.json` last (the cache's completion marker)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" / "Loading weights" of a 2 MB model: noise here
+    try:
+        _build_tiny_files(out_dir, spec)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
+def _build_tiny_files(out_dir: str, spec: TinySpec) -> None:
     build_tiny_model_dir(
         out_dir, hidden_size=spec.hidden_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
         num_kv_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
@@ -126,7 +138,10 @@ def warm_start(model_dir: str, spec: TinySpec) -> dict:
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * s / spec.sft_steps))
     )
     loss_value = float("nan")
-    for _ in tqdm(range(spec.sft_steps), desc="warm-start builtin://tiny (cached)", leave=False):
+    # said once, as it starts: this is the one-time build (the folder is reused afterwards); smoothing=0 makes the
+    # estimate the average rate so far, not the last few steps' (a busy machine made it swing from 2 to 75 min)
+    for _ in tqdm(range(spec.sft_steps), desc="building builtin://tiny (once, then cached): warm-start",
+                  unit="step", leave=False, smoothing=0):
         batch = rng.sample(examples, spec.sft_batch)
         length = max(len(p) + len(a) for p, a in batch)
         ids = torch.full((len(batch), length), tok.pad_token_id, dtype=torch.long)

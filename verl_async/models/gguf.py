@@ -74,6 +74,8 @@ def _convert(gguf_path: str, out_dir: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from verl_async.models.loading import no_bpe_space_cleanup
+
     for needed in ("gguf", "accelerate"):
         if importlib.util.find_spec(needed) is None:
             raise ImportError(f"reading a GGUF checkpoint needs the `{needed}` package: pip install gguf accelerate")
@@ -86,6 +88,7 @@ def _convert(gguf_path: str, out_dir: str) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     _special_tokens_from_config(tokenizer, model.config)
+    no_bpe_space_cleanup(tokenizer)  # the folder says what every load does (models/loading.py)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 

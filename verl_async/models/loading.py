@@ -32,7 +32,21 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False, custom_chat_te
         tok.chat_template = custom_chat_template
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    no_bpe_space_cleanup(tok)
     return tok
+
+
+def no_bpe_space_cleanup(tok: Any) -> None:
+    """A byte-level BPE tokenizer decodes without `clean_up_tokenization_spaces`.
+
+    The cleanup is a WordPiece step that deletes real spaces before punctuation; transformers 5.x ignores it
+    for BPE and warns on every process's first decode ("Ignoring clean_up_tokenization_spaces=True for BPE
+    tokenizer"), 4.x applies it. Many BPE tokenizer files (Llama 3's, GGUF conversions) still set it: off
+    here, every transformers decodes the same text and nothing warns. WordPiece tokenizers keep theirs.
+    """
+    model = getattr(getattr(tok, "backend_tokenizer", None), "model", None)
+    if getattr(tok, "clean_up_tokenization_spaces", False) and type(model).__name__ == "BPE":
+        tok.clean_up_tokenization_spaces = False
 
 
 def run_tokenizer(model_cfg: Any, path: Optional[str] = None):

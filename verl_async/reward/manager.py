@@ -211,6 +211,13 @@ class RewardManager:
                 len(text), text[:200],
             )
 
+    def count_model_score(self, error: Optional[str], data_source: str, text: str, ground_truth: Any,
+                          function: str) -> None:
+        """Count a reward model's score of one response (`error`: why it failed) in the same books as a
+        scorer's, so a failing model stops the run past reward_model.max_error_rate (verl_async/reward_models/)."""
+        outcome = Outcome(value={"score": 0.0}) if error is None else Outcome(error=error)
+        self._count(outcome, data_source, text, ground_truth, function)
+
     def summary(self) -> dict[str, int]:
         """Counts for the end-of-run summary: scored responses and those whose scorer failed (scored 0)."""
         with self._stats_lock:

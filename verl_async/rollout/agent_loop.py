@@ -13,8 +13,9 @@ what holds for one response holds per turn: engine errors are retried (a traject
 turn still fails is dropped with its group, which is generated again), and a weight sync
 in the middle of a turn aborts it and continues it under the new weights (per-token
 versions cover all turns). Tools run while the engine serves other trajectories; a sync
-may happen while they run. A trajectory in flight at a checkpoint is regenerated after a
-resume, as any group in flight is. Rows pick the loop with verl's `agent_name` column:
+may happen while they run. A trajectory in flight at a checkpoint is continued after a resume
+from its last complete turn (and the tokens of the turn under way: rollout/partials.py); its
+tool instances start afresh. Rows pick the loop with verl's `agent_name` column:
 `tool_agent` (the default when multi_turn is on) or `single_turn_agent`.
 """
 
@@ -91,6 +92,24 @@ class Trajectory:
         self.last = result
         return result.token_ids[new]
 
+    @classmethod
+    def resumed(cls, saved: Mapping[str, Any]) -> tuple["Trajectory", Optional[Response]]:
+        """A trajectory a checkpoint kept (rollout/partials.py), and the prefix its next turn continues (its tokens up
+        to the last complete turn, plus those of the turn under way)."""
+        agent = saved.get("agent") or {}
+        start = int(saved.get("turn_start") or 0) if agent else 0
+        mask = list(saved.get("loss_mask") or [1] * len(saved["token_ids"]))
+        traj = cls(list(saved["token_ids"][:start]), list(saved["log_probs"][:start]), list(saved["versions"][:start]),
+                   mask[:start], int(agent.get("assistant_turns", 0)), int(agent.get("user_turns", 0)),
+                   int(agent.get("tool_calls", 0)), list(agent.get("tool_rewards", [])))
+        prefix = Response(list(saved["token_ids"]), list(saved["log_probs"]), list(saved["versions"]), "abort") \
+            if saved["token_ids"] else None
+        return traj, prefix
+
+    def counters(self) -> dict[str, Any]:
+        return {"assistant_turns": self.assistant_turns, "user_turns": self.user_turns, "tool_calls": self.tool_calls,
+                "tool_rewards": list(self.tool_rewards)}
+
     def add_inserted(self, ids: Sequence[int]) -> None:
         self.token_ids += list(ids)
         self.log_probs += [0.0] * len(ids)
@@ -137,30 +156,43 @@ class ToolAgentLoop:
                    call_format=str(mt.format))
 
     # ------------------------------------------------------------------ entry points
-    async def generate_response(self, rollouter: Any, item: Any, i: int) -> Optional[Response]:
-        """The Rollouter's hook: response `i` of `item`, each turn through `rollouter.generate_one`."""
+    async def generate_response(self, rollouter: Any, item: Any, i: int,
+                                resume: Optional[Mapping[str, Any]] = None) -> Optional[Response]:
+        """The Rollouter's hook: response `i` of `item`, each turn through `rollouter.generate_one`; `resume`: its state
+        at a checkpoint (rollout/partials.py), continued. Each complete turn is reported to `rollouter.note_trajectory`."""
+        def on_turn(traj: Trajectory) -> None:
+            rollouter.note_trajectory(item, i, Response(list(traj.token_ids), list(traj.log_probs),
+                                                        list(traj.versions), "abort", loss_mask=list(traj.loss_mask)),
+                                      len(traj), traj.counters())
+
         return await self.run(lambda prefix: rollouter.generate_one(item, i, prefix=prefix), item,
-                              timeline=rollouter.timeline, version=lambda: rollouter.version)
+                              timeline=rollouter.timeline, version=lambda: rollouter.version, resume=resume,
+                              on_turn=on_turn)
 
     async def run(self, generate: TurnGenerator, item: Any, *, timeline: Any = None,
-                  version: Callable[[], int] = lambda: -1, stats: Optional[AgentStats] = None) -> Optional[Response]:
+                  version: Callable[[], int] = lambda: -1, stats: Optional[AgentStats] = None,
+                  resume: Optional[Mapping[str, Any]] = None,
+                  on_turn: Optional[Callable[[Trajectory], None]] = None) -> Optional[Response]:
         """One response of `item` (a PromptTask or dataset item: `agent_name`, `extra_info`)."""
         agent = getattr(item, "agent_name", "") or TOOL_AGENT
         if agent not in AGENT_NAMES:
             raise ValueError(f"prompt {getattr(item, 'uid', getattr(item, 'index', '?'))}: agent_name={agent!r} is not "
                              f"supported (expected one of {AGENT_NAMES})")
+        first: Optional[Response] = None
+        traj = Trajectory()
+        if resume:
+            traj, first = Trajectory.resumed(resume)
         if agent == SINGLE_TURN_AGENT:
-            return await generate(None)
+            return await generate(first)
         stats = stats or self.stats
         extra = dict(getattr(item, "extra_info", None) or {})
-        traj = Trajectory()
         session = ToolSession(self._active_tools(extra), extra.get("tools_kwargs"),
                               timeout_s=self.settings.tool_timeout_s,
                               max_response_chars=self.settings.max_tool_response_length,
                               truncate_side=self.settings.tool_response_truncate_side, agent_data=traj)
         calc_rewards: dict[str, float] = {}
         try:
-            stop = await self._turns(generate, traj, session, stats, timeline, version)
+            stop = await self._turns(generate, traj, session, stats, timeline, version, first, on_turn)
             if stop is None:
                 return None
         finally:
@@ -232,11 +264,15 @@ class ToolAgentLoop:
 
     # ------------------------------------------------------------------ the turns
     async def _turns(self, generate: TurnGenerator, traj: Trajectory, session: ToolSession, stats: AgentStats,
-                     timeline: Any, version: Callable[[], int]) -> Optional[tuple[str, str]]:
-        """Generate and answer turns; (stop reason, finish reason), or None when the engines failed a turn."""
+                     timeline: Any, version: Callable[[], int], first: Optional[Response] = None,
+                     on_turn: Optional[Callable[[Trajectory], None]] = None) -> Optional[tuple[str, str]]:
+        """Generate and answer turns; (stop reason, finish reason), or None when the engines failed a turn.
+        `first`: the prefix of the first turn (a resumed trajectory's turn under way); `on_turn(traj)`: after each
+        complete turn (its answer inserted)."""
         s = self.settings
         while True:
-            result = await generate(traj.prefix())
+            result = await generate(first or traj.prefix())
+            first = None
             if result is None:
                 return None
             new = traj.add_model_turn(result)
@@ -264,3 +300,5 @@ class ToolAgentLoop:
                 return "budget", "length"
             traj.add_inserted(answer)
             traj.user_turns += 1
+            if on_turn is not None:
+                on_turn(traj)

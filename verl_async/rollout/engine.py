@@ -112,6 +112,10 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> EngineStats: ...
 
+    async def stats_async(self) -> EngineStats:
+        """stats() for a caller on an event loop (a replica actor's proxy awaits the actor instead of blocking)."""
+        return self.stats()
+
     @property
     @abc.abstractmethod
     def version(self) -> int: ...
@@ -143,6 +147,9 @@ class DelegatingEngine(InferenceEngine):
 
     def stats(self) -> EngineStats:
         return self.inner.stats()
+
+    async def stats_async(self) -> EngineStats:
+        return await self.inner.stats_async()
 
     @property
     def version(self) -> int:

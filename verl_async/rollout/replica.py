@@ -20,12 +20,14 @@ from verl_async.config.derived import START_TIMEOUT_KEY
 from verl_async.placement import NodePlan, Reservation, resources_of
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.faults import FailReplicas, with_faults
+from verl_async.rollout.health import ReplicaLost
 from verl_async.rollout.registry import build_engine_from_config
 from verl_async.sync import engine_weight_sync, rollout_weight_sync
 from verl_async.sync.buckets import tensor_checksum
 from verl_async.utils import device as device_layer
 from verl_async.utils.shared_dirs import SharedDir, verify_here
-from verl_async.utils.waiting import WaitTimeout, finished_in_turn
+from verl_async.utils.threads import set_torch_threads
+from verl_async.utils.waiting import WaitTimeout, finished_in_turn, resolve
 
 
 @dataclass(frozen=True)
@@ -46,13 +48,41 @@ class ReplicaSpec:
     shared_devices: Optional[Sequence[str]] = None
     fail_replicas: FailReplicas = None
     shared_dirs: Sequence[SharedDir] = ()
+    cpu_threads: Optional[int] = None  # torch threads on CPU: the replica's share of the cores (config/derived.py)
+
+
+class ReplicaFenced(RuntimeError):
+    """A restarted replica holds the model's first weights: it serves no request until it has the current ones."""
+
+
+def _restarted() -> bool:
+    """Whether Ray restarted this actor (rollout.max_replica_restarts); False outside an actor."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # Ray's own lookup behind it warns about an internal call
+            warnings.simplefilter("ignore")
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # noqa: BLE001 - in-process (tests): a first start
+        return False
+
 
 class EngineReplica:
-    """Plain class behind the replica actor: builds the configured engine on this process's device."""
+    """Plain class behind the replica actor: builds the configured engine on this process's device.
+
+    After a restart (Ray re-runs `__init__` in the same placement bundle) the engine holds the
+    model's first weights, so the replica is fenced: `generate` raises `ReplicaFenced` until the
+    healer (rollout/healing.py) has loaded the current weights and called `rejoin`. Each process
+    has its own `incarnation`, so the healer can tell a restarted replica from the one it lost.
+    """
 
     def __init__(self, spec: ReplicaSpec, index: int = 0,
                  engine_overrides: Optional[Mapping[str, Any]] = None) -> None:
-        verify_here(spec.shared_dirs, f"engine replica {index}")
+        self.incarnation_id = uuid.uuid4().hex
+        self.restarted = _restarted()
+        self.fenced = self.restarted
+        if not self.restarted:  # the start checked the node; the driver's markers are gone by a restart
+            verify_here(spec.shared_dirs, f"engine replica {index}")
         device = spec.device
         shared = list(spec.shared_devices or [])
         if shared and device != "cpu":  # before the first accelerator call of this process
@@ -63,6 +93,7 @@ class EngineReplica:
             os.environ[device_layer.visible_devices_env(device)] = ",".join(mine)
         device_spec = device_layer.resolve(device)
         device_spec.set_current()
+        set_torch_threads(spec.cpu_threads if device == "cpu" else None)
         self.index = index
         engine = build_engine_from_config(
             spec.rollout_cfg,
@@ -72,10 +103,22 @@ class EngineReplica:
             override_config=spec.override_config,
             **dict(engine_overrides or {}),
         )
-        self.engine = with_faults(engine, index, spec.fail_replicas)  # debug.fail_replicas; else unchanged
+        # debug.fail_replicas (rollout/faults.py); else unchanged
+        self.engine = with_faults(engine, index, spec.fail_replicas, life=int(self.restarted))
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self.fenced:
+            raise ReplicaFenced(f"engine replica {self.index} restarted and has no current weights yet")
         return await self.engine.generate(request)
+
+    def incarnation(self) -> str:
+        """This process's id: a different one after Ray restarted the replica."""
+        return self.incarnation_id
+
+    def rejoin(self) -> int:
+        """The healer loaded the current weights: serve again. Returns the engine's weight version."""
+        self.fenced = False
+        return self.engine.version
 
     async def abort(self, request_ids: Optional[list[str]] = None) -> None:
         await self.engine.abort(request_ids)
@@ -119,19 +162,48 @@ class EngineReplica:
         await self.engine.shutdown()
 
 
-class RemoteEngine(InferenceEngine):
-    """An InferenceEngine whose work happens in an `EngineReplica` actor."""
+def lost_reason(exc: BaseException) -> str:
+    """One line of Ray's actor error: its type and first sentence (the rest is Ray's troubleshooting text)."""
+    first = " ".join(str(exc).split()).split(". ")[0][:300]
+    return f"{type(exc).__name__}: {first}"
 
-    def __init__(self, handle: Any, index: int = 0) -> None:
+
+class RemoteEngine(InferenceEngine):
+    """An InferenceEngine whose work happens in an `EngineReplica` actor.
+
+    A dead, restarting or restarted replica raises `ReplicaLost` (rollout/health.py) from every
+    call instead of Ray's actor errors; an exception the engine raised inside `generate` comes back
+    as a request error, as an engine reports a failed request.
+    """
+
+    def __init__(self, handle: Any, index: int = 0, incarnation: Optional[str] = None) -> None:
         self.handle = handle
         self.index = index
+        self.incarnation = incarnation  # the replica process this proxy was made for (None: not asked)
         self._version = -1
 
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await getattr(self.handle, method).remote(*args, **kwargs)
+        except ray.exceptions.RayActorError as exc:
+            raise ReplicaLost(self.index, lost_reason(exc)) from None
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(getattr(exc, "cause", None), ReplicaFenced):
+                raise ReplicaLost(self.index, "it restarted and waits for the current weights", restarted=True) \
+                    from None
+            raise
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self.handle.generate.remote(request)
+        try:
+            return await self._call("generate", request)
+        except ray.exceptions.RayTaskError as exc:  # the engine raised: a failed request, the replica may serve on
+            cause = getattr(exc, "cause", None) or exc
+            return GenerateResult(request.request_id, list(request.prefix_token_ids), list(request.prefix_log_probs),
+                                  list(request.prefix_versions), "abort",
+                                  error=f"{type(cause).__name__}: {' '.join(str(cause).split())[:500]}")
 
     async def abort(self, request_ids: Optional[Sequence[str]] = None) -> None:
-        await self.handle.abort.remote(None if request_ids is None else list(request_ids))
+        await self._call("abort", None if request_ids is None else list(request_ids))
 
     async def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:
         """Buckets (or ObjectRefs of buckets) go to the actor by reference, fetched there one by one."""
@@ -140,26 +212,33 @@ class RemoteEngine(InferenceEngine):
 
     async def weight_sync(self, transport: str, step: str, *args: Any, **kwargs: Any) -> Any:
         """Forward a weight-sync step to the replica actor; a step that loads weights names its `version`."""
-        out = await self.handle.weight_sync.remote(transport, step, *args, **kwargs)
+        out = await self._call("weight_sync", transport, step, *args, **kwargs)
         if "version" in kwargs:
             self._version = int(kwargs["version"])
         return out
 
+    async def rejoin(self) -> int:
+        """Serve again (the current weights are loaded); the replica's weight version."""
+        return int(await self._call("rejoin"))
+
     async def pause(self) -> None:
-        await self.handle.pause.remote()
+        await self._call("pause")
 
     async def resume(self) -> None:
-        await self.handle.resume.remote()
+        await self._call("resume")
 
     def stats(self) -> EngineStats:
-        return ray.get(self.handle.stats.remote(), timeout=60)
+        return resolve(self.handle.stats.remote(), 60)
+
+    async def stats_async(self) -> EngineStats:
+        return await self.handle.stats.remote()
 
     @property
     def version(self) -> int:
         return self._version
 
     async def shutdown(self) -> None:
-        await self.handle.shutdown.remote()
+        await self._call("shutdown")
 
 
 def replica_actor_options(
@@ -194,16 +273,18 @@ def start_replicas(
     timeout_s: float,
     engine_overrides: Optional[Sequence[Mapping[str, Any]]] = None,
     placement: Optional[Reservation] = None,
+    max_restarts: int = 0,
 ) -> list[RemoteEngine]:
     """Start `count` replica actors and wait until each has loaded its model (`timeout_s`: rollout.start_timeout_s,
     config/derived.py replica_start_timeout_s).
 
     `engine_overrides[i]`: engine keyword arguments for replica i only (P-DSR: a fast
     replica's larger max_num_seqs). `placement`: replica i runs in its bundle (rollout_node_plan);
-    without one Ray places the replicas.
+    without one Ray places the replicas. `max_restarts` (rollout.max_replica_restarts): Ray restarts
+    a replica whose process died this often, in its bundle (rollout/healing.py takes it from there).
     """
-    return await_replicas(launch_replicas(count, spec, engine_overrides=engine_overrides, placement=placement),
-                          timeout_s)
+    return await_replicas(launch_replicas(count, spec, engine_overrides=engine_overrides, placement=placement,
+                                          max_restarts=max_restarts), timeout_s)
 
 
 def launch_replicas(
@@ -212,6 +293,7 @@ def launch_replicas(
     *,
     engine_overrides: Optional[Sequence[Mapping[str, Any]]] = None,
     placement: Optional[Reservation] = None,
+    max_restarts: int = 0,
 ) -> list[Any]:
     """Create the replica actors and return their handles at once: each starts its process and loads its model
     while the caller prepares the rest (the Rollouter its tokenizer, data and reward). `await_replicas` waits."""
@@ -223,6 +305,7 @@ def launch_replicas(
     return [
         actor_cls.options(
             max_concurrency=1000, name=f"verl_async_replica{i}_{run_tag}",
+            max_restarts=int(max_restarts), max_task_retries=0,
             **replica_actor_options(spec.device, tp, colocated=bool(spec.shared_devices)),
             **({} if placement is None else {"scheduling_strategy": placement.strategy(i)}),
         ).remote(spec, i, engine_overrides[i] if engine_overrides is not None else None)
@@ -237,13 +320,52 @@ def await_replicas(handles: Sequence[Any], timeout_s: float) -> list[RemoteEngin
     try:
         for _, ref, left in finished_in_turn({f"replica {i}": h.ready.remote() for i, h in enumerate(handles)},
                                              timeout_s):
-            ray.get(ref, timeout=left)
+            resolve(ref, left)  # not ray.get: this runs in the Rollouter's (async) actor
     except WaitTimeout as late:
         kill_replicas(handles)  # none is left loading or holding devices
         raise ReplicaStartTimeout(f"{', '.join(late.pending)} of {count} engine replica(s) did not load the model "
                                   f"and start within {timeout_s:g} s (stuck or dead; raise {START_TIMEOUT_KEY} if only "
                                   "slow)") from None
-    return [RemoteEngine(h, i) for i, h in enumerate(handles)]
+    lives = ray.get([h.incarnation.remote() for h in handles], timeout=timeout_s)
+    return [RemoteEngine(h, i, life) for i, (h, life) in enumerate(zip(handles, lives))]
+
+
+async def restart_replica(engine: RemoteEngine, *, kill: bool, timeout_s: float, poll_s: float = 0.5) -> RemoteEngine:
+    """The replica's next process, with its model loaded: a proxy for it (rollout/healing.py).
+
+    Ray restarts a replica actor whose process died (start_replicas' `max_restarts`), in the same
+    placement bundle; `kill`: the process still runs (broken, hung), so it is killed first and Ray
+    restarts it the same way. A replica Ray will not restart (its restarts used up) raises Ray's
+    ActorDiedError; one that does not answer with a new process within `timeout_s`
+    (rollout.start_timeout_s) raises ReplicaStartTimeout.
+    """
+    handle = engine.handle
+    if kill:
+        ray.kill(handle, no_restart=False)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        left = deadline - loop.time()
+        if left <= 0:
+            raise ReplicaStartTimeout(f"engine replica {engine.index} did not restart within {timeout_s:g} s (raise "
+                                      f"{START_TIMEOUT_KEY} if it is only slow)")
+        try:
+            life = await asyncio.wait_for(handle.incarnation.remote(), left)
+        except ray.exceptions.ActorUnavailableError:  # dying or restarting: ask again
+            await asyncio.sleep(poll_s)
+            continue
+        except asyncio.TimeoutError:
+            continue
+        if life != engine.incarnation:
+            break
+        await asyncio.sleep(poll_s / 2)  # the old process still answers: the kill has not landed yet
+    await asyncio.wait_for(handle.ready.remote(), max(1.0, deadline - loop.time()))
+    return RemoteEngine(handle, engine.index, life)
+
+
+def end_replica(engine: RemoteEngine) -> None:
+    """End a retired replica for good (Ray does not restart it)."""
+    ray.kill(engine.handle, no_restart=True)
 
 
 def kill_replicas(handles: Sequence[Any]) -> None:

@@ -12,7 +12,7 @@ its `n` responses on the engine replicas, scores the group and puts ONE
 Finished groups wait with their put until the sync ends, so a checkpoint taken while
 paused sees each group either in the queue or among the pending prompts.
 
-Faults (README "Troubleshooting"): a request that fails is retried
+Faults (docs/troubleshooting.md): a request that fails is retried
 (`MAX_ENGINE_RETRIES`); a group with a response that still failed is dropped, gives its
 staleness slot back, and its prompt is generated again later, at most
 `max_prompt_retries` times, before it is counted as failed (`failed_prompts`, listed in
@@ -34,7 +34,7 @@ import logging
 import os
 import time
 import zlib
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Callable, Collection, Iterable, Optional, Sequence
 
 import torch
@@ -42,8 +42,9 @@ import torch
 from verl_async.protocol import Response, RolloutSample
 from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
 from verl_async.rollout.group_filter import GroupFilter
-from verl_async.rollout.health import EngineFailure, ReplicaHealth
+from verl_async.rollout.health import EngineFailure, ReplicaHealth, ReplicaLost
 from verl_async.rollout.lengths_log import append_jsonl, lengths_record
+from verl_async.rollout.partials import PartialLog, entry, finished, model_tokens, response_of
 from verl_async.rollout.task import (  # noqa: F401 - the Rollouter's contract, importable from here too
     GroupScorer,
     PromptSource,
@@ -63,6 +64,8 @@ logger = logging.getLogger("verl_async.rollouter")
 
 class Rollouter:
     MAX_ENGINE_RETRIES = 2
+    # A sync's abort that a replica has not answered for this long, with a healer: the replica is hung and healed.
+    ABORT_GRACE_S = 30.0
 
     def __init__(
         self,
@@ -89,6 +92,7 @@ class Rollouter:
         progress_timeout_s: Optional[float] = None,
         group_filter: Optional[GroupFilter] = None,
         agent_loop: Optional[Any] = None,
+        response_hook: Optional[Callable[[PromptTask, Response], Any]] = None,
     ) -> None:
         if not engines:
             raise ValueError("Rollouter needs at least one engine replica")
@@ -108,6 +112,10 @@ class Rollouter:
         self.counters = RolloutCounters()
         self.max_prompt_retries = max(0, int(max_prompt_retries))
         self.health = ReplicaHealth(len(self.engines), max_consecutive_engine_failures)
+        self.healer: Optional[Any] = None  # rollout/healing.ReplicaHealer (the service sets it); None: lost = out
+        self._replica_event = asyncio.Event()  # a replica came back or left for good
+        self.returned_requests = [0] * len(self.engines)  # per replica: requests that came back (the watchdog)
+        self.partials = PartialLog()  # the responses of groups in flight, as far as known (a checkpoint keeps them)
         self.failed_log = failed_log
         self.progress_timeout_s = progress_timeout_s  # None: no progress watchdog (tests that do not need it)
         self.group_filter = group_filter  # None: every scored group goes to the queue
@@ -116,6 +124,7 @@ class Rollouter:
         self._retry: collections.deque[PromptTask] = collections.deque()  # dropped prompts to generate again
         self._source_done = False
         self._inflight: dict[str, tuple[PromptTask, asyncio.Task]] = {}
+        self._admitted_at: dict[str, int] = {}  # in-flight uid -> the version it was admitted under
         self._requests_on: list[dict[str, float]] = [{} for _ in self.engines]  # request id -> start (monotonic)
         # concurrent sequences each replica runs (max_num_seqs); pick_engine balances load / capacity
         self.engine_capacity = [max(1, int(c)) for c in (engine_capacity or [1] * len(self.engines))]
@@ -137,6 +146,9 @@ class Rollouter:
         self._next_item: Optional[PromptTask] = None  # taken from the source, not started yet
         self._serial = 0
         self.agent_loop = agent_loop  # multi-turn: rollout/agent_loop.ToolAgentLoop, one trajectory per response
+        # awaited with each finished response while the group's others still generate (distillation's teachers,
+        # verl_async/teachers/); must skip a response it has seen: it runs again on the whole group before scoring
+        self.response_hook = response_hook
         self.policy = (scheduling or PlainPolicy)(self, **dict(scheduling_kwargs or {}))
         for path in (lengths_log, failed_log):
             if path:
@@ -248,6 +260,11 @@ class Rollouter:
     def inflight_groups(self) -> int:
         return len(self._inflight)
 
+    def oldest_inflight_version(self) -> Optional[int]:
+        """The oldest weight version a group still in flight was admitted under (None: none in flight)."""
+        live = [self._admitted_at[uid] for uid in self._inflight if uid in self._admitted_at]
+        return min(live) if live else None
+
     @property
     def in_sync(self) -> bool:
         """Inside a weight sync (generation paused on purpose)."""
@@ -267,23 +284,27 @@ class Rollouter:
         self._poke()
 
     def _start_group(self, item: PromptTask) -> None:
+        if item.version_start is None:  # a resumed group keeps the version it first started under
+            item.version_start = self.version
         self._last_event = time.monotonic()
         self.budget.on_start()
         self.counters.started_groups += 1
         task = asyncio.create_task(self._run_group(item), name=f"group-{item.uid}")
         self._inflight[item.uid] = (item, task)
+        self._admitted_at[item.uid] = self.version
         task.add_done_callback(lambda t, uid=item.uid: self._on_group_done(uid, t))
 
     def _on_group_done(self, uid: str, task: asyncio.Task) -> None:
         if uid in self._inflight and self._inflight[uid][1] is task:  # a retry of the uid may run already
             del self._inflight[uid]
+            self._admitted_at.pop(uid, None)
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
             logger.error("group %s failed: %r", uid, self._failure)
         self._poke()
 
     async def _run_group(self, item: PromptTask) -> None:
-        version_start = self.version
+        version_start = self.version if item.version_start is None else item.version_start
         submit = self.timeline.now()
         results = await self.policy.generate_group(item)
         if results is None or any(r is None for r in results):
@@ -292,6 +313,8 @@ class Rollouter:
         responses: list[Response] = list(results)
         if len(responses) != self.n:
             raise RuntimeError(f"scheduling policy returned {len(responses)} responses for {item.uid}, expected {self.n}")
+        if self.response_hook is not None:  # responses a scheduling policy produced without generate_response
+            await asyncio.gather(*(self.response_hook(item, r) for r in responses))
         scores = await self.scorer(item, responses)
         for resp, (reward, info) in zip(responses, scores):
             resp.reward = float(reward)
@@ -308,6 +331,7 @@ class Rollouter:
             param_version_start=version_start,
             param_version_end=self.version,
         )
+        self._admitted_at.pop(item.uid, None)  # generated and scored: no longer "in flight" for a V1 wait
         finish = self.timeline.now()
         self.group_latencies.append(finish - submit)
         if self.lengths_log:
@@ -317,6 +341,7 @@ class Rollouter:
             self.budget.on_abandon()  # filtered after the sync wait: a checkpoint sees it pending or consumed
             return
         await self.sink.put(sample)
+        self.partials.drop(item.uid)
         self.counters.finished_groups += 1
 
     def release_budget(self, groups: int) -> None:
@@ -334,10 +359,12 @@ class Rollouter:
         self.budget.on_abandon()
         self.counters.dropped_groups_engine_error += 1
         self._inflight.pop(item.uid, None)
+        self.partials.drop(item.uid)
+        self.counters.resume_regenerated_tokens += sum(model_tokens(saved) for saved in item.resume.values())
         if item.attempts < self.max_prompt_retries:
             self.counters.started_groups -= 1  # started again from the retry queue
             self.counters.retried_prompts += 1
-            self._retry.append(replace(item, attempts=item.attempts + 1))
+            self._retry.append(replace(item, attempts=item.attempts + 1, resume={}, version_start=None))
             logger.warning("group %s dropped after repeated engine errors (%s); its prompt is retried (%d of %d)",
                            item.uid, self.last_engine_error, item.attempts + 1, self.max_prompt_retries)
         else:
@@ -349,6 +376,30 @@ class Rollouter:
                 append_jsonl(self.failed_log, record)
             logger.error("prompt %s failed %d times (last engine error: %s): it is not trained "
                          "(rollout/failed_prompts)", item.uid, item.attempts + 1, self.last_engine_error)
+        self._poke()
+
+    async def _pick(self, candidates: Optional[Sequence[int]], avoid: Collection[int]) -> int:
+        """`pick_engine`, waiting while no replica serves but one is restarting (rollout/healing.py)."""
+        while not self.health.serving(candidates) and self.health.healing and not self._failure:
+            self._replica_event.clear()
+            await self._replica_event.wait()
+        return self.pick_engine(candidates, avoid)
+
+    def replica_lost(self, index: int, why: str, *, kill: bool = False, engine: Any = None) -> None:
+        """Replica `index` is gone (`kill`: it still runs but is broken or hung): healed when a healer is set, else out
+        of rotation for good. `engine`: the proxy the loss was seen through (a stale one's report is ignored)."""
+        if self.healer is not None:
+            self.healer.lost(index, why, kill=kill, engine=engine)
+        elif (engine is None or self.engines[index] is engine) and index not in self.health.out:
+            self.health.retire(index, why)
+            self.counters.replicas_out_of_rotation = len(self.health.out)
+            self.replicas_changed()
+
+    def replicas_changed(self) -> None:
+        """A replica came back or left: requests waiting for one look again; with none left the run stops."""
+        self._replica_event.set()
+        if self.health.all_out:
+            self.fail(self.health.failure())
         self._poke()
 
     def pick_engine(self, candidates: Optional[Sequence[int]] = None, avoid: Collection[int] = ()) -> int:
@@ -377,9 +428,34 @@ class Rollouter:
 
     async def generate_response(self, item: PromptTask, i: int) -> Optional[Response]:
         """Response `i` of `item`: one generation, or a whole tool-using trajectory with an agent loop."""
-        if self.agent_loop is not None:
-            return await self.agent_loop.generate_response(self, item, i)
-        return await self.generate_one(item, i)
+        if self.agent_loop is None:
+            response = await self.generate_one(item, i)
+        else:
+            saved = self._take_resumed(item, i)
+            if saved is not None and finished(saved, self.sampling.max_tokens):
+                response = response_of(saved)
+            else:
+                response = await self.agent_loop.generate_response(self, item, i, resume=saved)
+                if response is not None:
+                    self.partials.note(item.uid, i, entry(response))
+        if response is not None and self.response_hook is not None:
+            await self.response_hook(item, response)
+        return response
+
+    def _take_resumed(self, item: PromptTask, i: int) -> Optional[dict]:
+        """Response `i`'s state at the checkpoint this run resumed from (rollout/partials.py), once; None: none."""
+        saved = item.resume.pop(str(i), None)
+        if saved is None:
+            return None
+        self.counters.resume_continued_responses += 1
+        self.counters.resume_continued_tokens += model_tokens(saved)
+        self.partials.note(item.uid, i, saved)
+        return saved
+
+    def note_trajectory(self, item: PromptTask, i: int, trajectory: Response, turn_start: int,
+                        agent: dict[str, Any]) -> None:
+        """A trajectory's state at the end of a complete turn (the agent loop reports it; a checkpoint keeps it)."""
+        self.partials.note(item.uid, i, entry(trajectory, turn_start=int(turn_start), agent=dict(agent)))
 
     async def generate_one(
         self,
@@ -408,12 +484,21 @@ class Rollouter:
             max_tokens = target_length(item, i)
         if max_tokens is not None:
             sampling = replace(sampling, max_tokens=min(int(max_tokens), self.sampling.max_tokens))
+        if prefix is None and self.agent_loop is None:  # after a resume: continue what the checkpoint held
+            saved = self._take_resumed(item, i)
+            if saved is not None:
+                if finished(saved, sampling.max_tokens):
+                    return response_of(saved)
+                prefix = response_of(saved)
+                state = GenerateResult("", list(prefix.token_ids), list(prefix.log_probs), list(prefix.versions),
+                                       "abort")
         errors = 0
         failed_on: set[int] = set()
         started = prefix.start_time if prefix else None
         while True:
             await self._open.wait()
-            idx = self.pick_engine(engines, avoid=failed_on)
+            idx = await self._pick(engines, failed_on)
+            engine = self.engines[idx]
             request = GenerateRequest(
                 request_id=f"{item.uid}/{i}/{self._request_serial()}",
                 prompt_ids=item.prompt_ids,
@@ -426,14 +511,22 @@ class Rollouter:
             self._request_started(idx, request.request_id)
             t0 = self.timeline.now()
             try:
-                result = await self.engines[idx].generate(request)
+                result = await engine.generate(request)
+            except ReplicaLost as lost:  # its tokens since `state` died with it: continue from `state` elsewhere
+                self.counters.lost_requests += 1
+                logger.warning("request %s lost with its replica (%s); it continues on another replica from its "
+                               "%d tokens", request.request_id, lost.reason, len(state.token_ids))
+                self.replica_lost(idx, lost.reason, engine=engine)
+                continue
             finally:
                 self._request_finished(idx, request.request_id)
             new_tokens = len(result.token_ids) - len(state.token_ids)
             self.timeline.record(
                 f"rollout/replica{idx}", "generate", t0, self.timeline.now(), self.version, tokens=max(0, new_tokens)
             )
-            if self.health.record(idx, result.error):
+            if self.health.record(idx, result.error, take_out=self.healer is None):
+                if self.healer is not None:
+                    self.replica_lost(idx, self.health.failures_in_a_row(idx), kill=True, engine=engine)
                 self.counters.replicas_out_of_rotation = len(self.health.out)
                 if self.health.all_out:
                     raise self.health.failure()
@@ -447,13 +540,7 @@ class Rollouter:
                     return None
                 continue
             self.counters.generated_tokens += new_tokens
-            if result.finish_reason == "abort":
-                self.counters.aborted_requests += 1
-                if new_tokens > 0:
-                    self.counters.continued_requests += 1
-                state = result
-                continue
-            return Response(
+            response = Response(
                 token_ids=list(result.token_ids),
                 log_probs=list(result.log_probs),
                 versions=list(result.versions),
@@ -462,6 +549,14 @@ class Rollouter:
                 start_time=started,
                 end_time=self.timeline.now(),
             )
+            self.partials.note_tokens(item.uid, i, response)  # what a checkpoint now would keep of it
+            if result.finish_reason == "abort":
+                self.counters.aborted_requests += 1
+                if new_tokens > 0:
+                    self.counters.continued_requests += 1
+                state = result
+                continue
+            return response
 
     @property
     def _running_requests(self) -> int:
@@ -484,6 +579,7 @@ class Rollouter:
 
     def _request_finished(self, idx: int, request_id: str) -> None:
         del self._requests_on[idx][request_id]
+        self.returned_requests[idx] += 1
         for clock in (self.replica_busy[idx], self.generation_busy, self.engine_busy):
             clock.stop()
         self.counters.busy_time_s = self.generation_busy.closed_s
@@ -498,23 +594,38 @@ class Rollouter:
             await self._idle.wait()
             return
         # Abort until idle: a request that slipped in just after an abort is aborted by the next.
+        started = time.monotonic()
         while True:
             await self._abort_all()
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout=0.2)
                 return
             except asyncio.TimeoutError:
-                continue
+                pass
+            if self.healer is not None and time.monotonic() - started > self.ABORT_GRACE_S:
+                for index, held in enumerate(self._requests_on):  # hung: healing kills it, its calls then return
+                    if held:
+                        self.replica_lost(index, f"did not answer an abort of its {len(held)} request(s) for "
+                                                 f"{self.ABORT_GRACE_S:.0f} s", kill=True, engine=self.engines[index])
+                started = time.monotonic()
 
     async def _abort_all(self) -> None:
         """Abort this Rollouter's requests on every replica; one out of rotation may be broken or dead: its error is
         logged. Only its own: a validation running beside it (trainer.val_async) stays on its version and the sync
         waits for it instead (rollout/background_validation.py)."""
         serving = set(self.health.serving())
-        results = await asyncio.gather(*(e.abort(list(held)) for e, held in zip(self.engines, self._requests_on)),
-                                       return_exceptions=True)
-        for index, result in enumerate(results):
-            if isinstance(result, BaseException):
+        engines = list(self.engines)
+        holding = [i for i, held in enumerate(self._requests_on) if held]  # a restarting replica holds none: not asked
+        bound = self.ABORT_GRACE_S if self.healer is not None else None  # a hung replica's abort may never answer
+        results = dict(zip(holding, await asyncio.gather(*(asyncio.wait_for(engines[i].abort(list(self._requests_on[i])),
+                                                                            bound) for i in holding),
+                                                         return_exceptions=True)))
+        for index, result in results.items():
+            if isinstance(result, ReplicaLost):  # its requests come back failed: they continue elsewhere
+                self.replica_lost(index, result.reason, engine=engines[index])
+            elif isinstance(result, asyncio.TimeoutError):  # pause_for_sync heals it once the grace has passed
+                logger.warning("abort on replica %d did not answer within %.0f s", index, bound)
+            elif isinstance(result, BaseException):
                 if index in serving:
                     raise result
                 logger.warning("abort on replica %d (out of rotation) failed: %s", index, result)
@@ -532,8 +643,19 @@ class Rollouter:
         self._poke()
 
     # ------------------------------------------------------------------ state
+    def pending_states(self) -> list[dict[str, Any]]:
+        """`pending_items` as a checkpoint keeps them: each group in flight with what its responses hold so far."""
+        inflight = {uid for uid in self._inflight}
+        out = []
+        for item in self.pending_items():
+            state = asdict(item)
+            if item.uid in inflight:
+                state["resume"] = self.partials.to_resume(item.uid, item.resume)
+            out.append(state)
+        return out
+
     def pending_items(self) -> list[PromptTask]:
-        """Prompts taken from the source but not yet in the queue (regenerated after a resume)."""
+        """Prompts taken from the source but not yet in the queue (continued after a resume: `pending_states`)."""
         items = [item for item, _ in self._inflight.values()]
         return items + ([self._next_item] if self._next_item is not None else []) + list(self._retry)
 

@@ -29,14 +29,20 @@ from verl_async.rollout.agent_loop import ToolAgentLoop, reward_extra_info
 from verl_async.rollout.background_validation import BackgroundValidation
 from verl_async.rollout.engine import InferenceEngine, SamplingParams
 from verl_async.rollout.group_filter import GroupFilter
+from verl_async.rollout.native.sizing import DEFAULT_MAX_NUM_SEQS
+from verl_async.rollout.healing import ReplicaHealer
+from verl_async.rollout.partials import model_tokens
 from verl_async.rollout.pdsr_policy import max_inflight_groups, scheduling_from_config, scheduling_metrics
 from verl_async.rollout.rollouter import PromptTask, Rollouter
 from verl_async.rollout.scheduling import policy_class
+from verl_async.rollout.side_models import reward_model_scorer, shutdown as shutdown_side_models, teacher_pool
 from verl_async.config.derived import (
     colocated_device_ids,
+    cpu_threads,
     max_required_samples,
     replica_start_timeout_s,
     required_samples,
+    rollout_max_model_len,
     rollout_replicas,
     validation_timeout_s,
 )
@@ -79,6 +85,7 @@ class DatasetPromptSource:
             ground_truth=item.ground_truth,
             extra_info=dict(item.extra_info or {}),
             agent_name=item.agent_name,
+            messages=[dict(m) for m in (item.messages or [])],
         )
 
     def next(self) -> Optional[PromptTask]:
@@ -171,8 +178,11 @@ class RolloutService:
         required = required_samples(cfg)
         count = max(1, rollout_replicas(cfg)) if engines is None else len(engines)
         scheduling, scheduling_kwargs, capacities = scheduling_from_config(
-            cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs), required
+            cfg.async_training.get("long_tail"), count, int(rollout_cfg.max_num_seqs or DEFAULT_MAX_NUM_SEQS), required
         )
+        # max_num_seqs=null: each native CUDA replica sizes its slots from memory (rollout/native/sizing.py), read back
+        sized = rollout_cfg.max_num_seqs is None and scheduling == "plain" and engines is None
+        sized = sized and str(cfg.trainer.device) == "cuda" and str(rollout_cfg.name) == "native"
         launched: list[Any] = []
         try:
             if engines is None:  # the replicas start their processes and load the model while this one loads the rest
@@ -183,11 +193,14 @@ class RolloutService:
                     shared_devices=colocated_device_ids(cfg),
                     fail_replicas=cfg.debug.get("fail_replicas"),  # tests and drills (rollout/faults.py)
                     shared_dirs=tuple(shared_dirs),
+                    cpu_threads=cpu_threads(cfg),
                 )
                 if not spec.shared_devices:  # colocated replicas go where the trainer's devices are
                     self.reservation = reserve(rollout_plan(cfg), replica_start_timeout_s(cfg))
-                launched = launch_replicas(count, spec, engine_overrides=[{"max_num_seqs": c} for c in capacities],
-                                           placement=self.reservation)
+                launched = launch_replicas(count, spec, engine_overrides=[{"max_num_seqs": None if sized else c}
+                                                                          for c in capacities],
+                                           placement=self.reservation,
+                                           max_restarts=int(cfg.rollout.max_replica_restarts))
             self.tokenizer = run_tokenizer(model_cfg, model_path)
             self.agent_loop = ToolAgentLoop.from_config(rollout_cfg, self.tokenizer)  # None: single-turn
             tools = self.agent_loop.schemas if self.agent_loop else None
@@ -204,22 +217,31 @@ class RolloutService:
             )
             if engines is None:
                 engines = await_replicas(launched, replica_start_timeout_s(cfg))  # kills them all when late
+                if sized:
+                    capacities = [max(1, e.stats().kv_budget_tokens // max(1, rollout_max_model_len(rollout_cfg) or 1))
+                                  for e in engines]
         except BaseException:  # no shutdown() follows a failed start: stop the replicas, give the devices back here
             kill_replicas(launched)
             if self.reservation is not None:
                 self.reservation.release()
             raise
         self.engines = list(engines)
+        heal = bool(self.engines) and all(hasattr(e, "handle") for e in self.engines)  # replica actors: they restart
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self.limit = max_required_samples(cfg)
         n = int(rollout_cfg.n)
         total = cfg.rollout.total_rollout_steps
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
         self.group_filter = GroupFilter.from_config(cfg.algorithm.get("filter_groups"), required, run_dir)
+        self.teachers = teacher_pool(cfg)  # distillation.enabled: the teachers score each finished response
+        # reward.reward_model.enable: the model scores each group (with the rule reward when use_task_rewards)
+        self.reward_model = reward_model_scorer(cfg, manager=self.reward, rule_scorer=RewardScorer(self.reward),
+                                                policy_tokenizer=self.tokenizer)
+        self.scorer = self.reward_model or RewardScorer(self.reward)
         self.rollouter = Rollouter(
             engines=self.engines,
             prompts=self.source,
-            scorer=RewardScorer(self.reward),
+            scorer=self.scorer,
             sink=QueueSink(queue_handle),
             n=n,
             sampling=sampling_from(rollout_cfg, eos),
@@ -239,13 +261,23 @@ class RolloutService:
                                                   int(rollout_cfg.prompt_length), int(rollout_cfg.response_length)),
             group_filter=self.group_filter,
             agent_loop=self.agent_loop,
+            response_hook=None if self.teachers is None else self.teachers.annotate,
         )
+        self.engines = self.rollouter.engines  # one list: the healer puts a restarted replica's proxy in it
+        self.healer: Optional[ReplicaHealer] = None
+        if heal:  # rollout/healing.py: a lost replica restarts, gets the current weights alone, rejoins
+            self.healer = ReplicaHealer(self.rollouter, max_restarts=int(cfg.rollout.max_replica_restarts),
+                                        restart=self._restart_replica, retire=self._end_replica,
+                                        needs_weights=not bool(cfg.debug.get("rollout_only")))
+            self.rollouter.healer = self.healer
+        self._sync_members: Optional[list[int]] = None  # replicas a sync under way reaches (fixed at its pause)
+        self.resume_saved_tokens: Optional[int] = None  # resumed: tokens the checkpoint held in flight
         if scheduling != "plain":
             logger.info("rollout scheduling %s %s; replicas: %s", scheduling, scheduling_kwargs,
                         ", ".join(f"{i}:{c} seqs" for i, c in enumerate(capacities)))
         self.validator = None if self.val_dataset is None else Validator(
             self.val_dataset, self.reward, sampling_from(rollout_cfg, eos, validation=True),
-            k=int(rollout_cfg.val_kwargs.n), max_num_seqs=int(rollout_cfg.max_num_seqs), timeline=self.timeline,
+            k=int(rollout_cfg.val_kwargs.n), max_num_seqs=max(capacities), timeline=self.timeline,
             timeout_s=validation_timeout_s(cfg, len(self.val_dataset)),
             log_generations=int(cfg.trainer.log_val_generations), agent_loop=self.agent_loop,
             engine_busy=self.rollouter.engine_busy,
@@ -262,6 +294,12 @@ class RolloutService:
             await self.queue.close.remote()
         out: dict[str, Any] = asdict(counters)
         out["replicas_out"] = {str(i): why for i, why in sorted(self.rollouter.health.out.items())}
+        if self.healer is not None:
+            out["replica_heals"] = self.healer.summary()
+        if self.resume_saved_tokens is not None:
+            out["resume"] = {"saved_tokens": self.resume_saved_tokens, "continued_tokens": counters.resume_continued_tokens,
+                             "continued_responses": counters.resume_continued_responses,
+                             "regenerated_tokens": counters.resume_regenerated_tokens}
         if self.group_filter is not None:
             out["filtered_groups"] = self.group_filter.filtered
         out.update(self.reward.summary())  # reward_scored, reward_errors (the end-of-run summary)
@@ -294,6 +332,8 @@ class RolloutService:
         import ray
 
         self.rollouter.stop()
+        if self.healer is not None:
+            self.healer.close()
         for engine in self.engines:
             handle = getattr(engine, "handle", None)
             try:
@@ -305,6 +345,10 @@ class RolloutService:
         if self.reservation is not None:
             self.reservation.release()
             self.reservation = None
+        if self.teachers is not None:
+            shutdown_side_models(self.teachers.replicas)
+        if self.reward_model is not None:
+            shutdown_side_models(self.reward_model.actors)
         self.reward.close()
 
     def placement(self) -> str:
@@ -320,8 +364,14 @@ class RolloutService:
     # ------------------------------------------------------------------ sync
     async def pause_for_sync(self) -> None:
         await self.rollouter.pause_for_sync()
+        if self.healer is not None:  # restarted replicas waiting for weights get this sync's too, then rejoin
+            self._sync_members = sorted(set(self.rollouter.health.serving()) | set(self.healer.awaiting_weights()))
 
     async def resume_after_sync(self, version: int) -> None:
+        members, self._sync_members = self._sync_members, None
+        for index in members or []:
+            if self.healer is not None and index in self.healer.awaiting:
+                await self.healer.rejoin(index, version)
         await self.rollouter.resume_after_sync(version)
 
     async def weight_sync(self, transport: str, step: str, *args: Any, **kwargs: Any) -> Any:
@@ -330,11 +380,66 @@ class RolloutService:
 
     @property
     def sync_engines(self) -> list[InferenceEngine]:
-        """The replicas weight sync reaches: those in rotation (one taken out may be broken or dead)."""
-        return [self.engines[i] for i in self.rollouter.health.serving()]
+        """The replicas weight sync reaches: those in rotation (one taken out may be broken or dead), and those that
+        restarted and wait for weights (fixed when the sync paused generation)."""
+        if self._sync_members is None:
+            return [self.engines[i] for i in self.rollouter.health.serving()]
+        healer = self.healer
+        return [healer.engine_of(i) if healer is not None and i in healer.awaiting else self.engines[i]
+                for i in self._sync_members]
+
+    def member_lost(self, engine: Any, exc: Exception) -> None:
+        """A replica died in a sync step (sync/ports.py): out of this sync, healed; the others' load goes on."""
+        index = int(getattr(engine, "index", -1))
+        if self._sync_members is not None and index in self._sync_members:
+            self._sync_members.remove(index)
+        reason = getattr(exc, "reason", str(exc))
+        if self.healer is not None and index in self.healer.awaiting:
+            self.healer.lost_awaiting(index, engine, f"lost while loading weights: {reason}")
+        else:
+            self.rollouter.replica_lost(index, reason, engine=engine)
+
+    # ------------------------------------------------------------------ healing (rollout/healing.py)
+    async def _restart_replica(self, index: int, engine: Any, kill: bool) -> Any:
+        from verl_async.rollout.replica import restart_replica
+
+        return await restart_replica(engine, kill=kill, timeout_s=replica_start_timeout_s(self.cfg))
+
+    def _end_replica(self, index: int, engine: Any) -> None:
+        from verl_async.rollout.replica import end_replica
+
+        end_replica(engine)
+
+    def replicas_awaiting_weights(self) -> dict[str, Any]:
+        """Restarted replicas waiting for the current weights, and how many serve (Trainer.serve_replica_heals)."""
+        awaiting = [] if self.healer is None else self.healer.awaiting_weights()
+        return {"awaiting": awaiting, "serving": len(self.rollouter.health.serving()), "version": self.rollouter.version}
+
+    def heal_begin(self, version: int) -> list[int]:
+        """The trainer pushes `version` to the replicas that wait now (no pause: the others keep generating)."""
+        return [] if self.healer is None else self.healer.begin_push(version)
+
+    async def heal_load(self, refs: list, version: int) -> None:
+        """One object-store bucket of that push, to each waiting replica alone."""
+        if self.healer is not None:
+            await self.healer.push_bucket(lambda e: e.weight_sync("object_store", "load", list(refs), version=version))
+
+    async def heal_end(self, version: int) -> int:
+        """Replicas whose every parameter this push wrote rejoin; returns how many."""
+        if self.healer is None:
+            return 0
+
+        async def complete(engine: Any) -> bool:
+            return not await engine.weight_sync("object_store", "unwritten", version=version)
+
+        return await self.healer.end_push(complete)
 
     def release_budget(self, groups: int) -> None:
         self.rollouter.release_budget(groups)
+
+    def oldest_inflight_version(self) -> Optional[int]:
+        """For `trainer.v1.sampler.max_off_policy_strategy=wait` (verl_async/off_policy.py)."""
+        return self.rollouter.oldest_inflight_version()
 
     def budget_stall(self) -> dict[str, float]:
         """How long the Rollouter has idled on its staleness budget (the trainer's deadlock check)."""
@@ -346,18 +451,29 @@ class RolloutService:
     def metrics(self) -> dict[str, float]:
         c = self.rollouter.counters
         wall = max(1e-9, time.monotonic() - self._run_started)
-        out = {f"rollout/{k}": float(v) for k, v in asdict(c).items()}
+        out = {f"rollout/{k}": float(v) for k, v in asdict(c).items() if not k.startswith("resume_")}
+        if self.resume_saved_tokens is not None:  # resumed from a checkpoint: what it held in flight, continued
+            out.update({"resume/saved_tokens": float(self.resume_saved_tokens),
+                        "resume/continued_tokens": float(c.resume_continued_tokens),
+                        "resume/continued_responses": float(c.resume_continued_responses),
+                        "resume/regenerated_tokens": float(c.resume_regenerated_tokens)})
         # no request of any kind (generation or validation) on any engine
         out["rollout/idle_ratio"] = max(0.0, 1.0 - self.rollouter.engine_busy.seconds() / wall)
         out["rollout/tokens_per_s"] = c.generated_tokens / wall
         out["rollout/inflight_groups"] = float(len(self.rollouter._inflight))
         out["rollout/staleness_budget_left"] = float(self.rollouter.budget.remaining)
         out.update(scheduling_metrics(self.rollouter, wall))
+        if self.teachers is not None:
+            out.update(self.teachers.metrics())
+        if self.reward_model is not None:
+            out.update(self.reward_model.metrics())
         if self.group_filter is not None:
             out.update(self.group_filter.metrics())
         if self.agent_loop is not None:
             out.update(self.agent_loop.stats.metrics())
         out.update(self.reward.metrics())
+        if self.healer is not None:
+            out.update(self.healer.metrics())
         stats = self.dataset.stats
         out["data/bad_rows"] = float(stats.bad_rows)
         out["data/filtered_overlong"] = float(stats.filtered_overlong)
@@ -416,7 +532,7 @@ class RolloutService:
         """
         ro = self.rollouter
         unstarted = self.source.pending()
-        pending = [asdict(t) for t in ro.pending_items() + unstarted]
+        pending = ro.pending_states() + [asdict(t) for t in unstarted]  # in flight: with their partial responses
         return {
             "iterator": self.iterator.state_dict(),
             "pending": pending,
@@ -431,6 +547,7 @@ class RolloutService:
         skip = set(queued_uids)
         redo = [PromptTask(**p) for p in state.get("pending", []) if p["uid"] not in skip]
         self.source.push_front(redo)
+        self.resume_saved_tokens = sum(model_tokens(s) for t in redo for s in t.resume.values())
         self.rollouter.version = int(state.get("version", 0))
         # total_rollout_steps counts over the whole run: the redone prompts start again
         self.rollouter.counters.started_groups = int(state.get("started_groups", 0)) - len(redo)

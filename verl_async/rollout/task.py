@@ -25,6 +25,11 @@ class PromptTask:
     extra_info: dict[str, Any] = field(default_factory=dict)
     attempts: int = 0  # earlier groups of this prompt dropped after engine errors
     agent_name: str = ""  # verl's per-row agent loop (multi-turn: tool_agent | single_turn_agent)
+    messages: list[dict] = field(default_factory=list)  # the prompt as chat messages (a reward model's own template)
+    # After a resume: response index -> its state at the checkpoint, continued instead of regenerated
+    # (rollout/partials.py), and the weight version current when the group first started.
+    resume: dict[str, Any] = field(default_factory=dict)
+    version_start: Optional[int] = None
 
 
 def target_length(item: PromptTask, i: int) -> Optional[int]:
@@ -72,6 +77,10 @@ class RolloutCounters:
     failed_prompts: int = 0  # prompts dropped max_prompt_retries + 1 times: never trained
     replicas_out_of_rotation: int = 0
     engine_errors: int = 0
+    resume_continued_responses: int = 0  # responses a checkpoint held in flight, continued after the resume
+    resume_continued_tokens: int = 0  # their tokens: generated before the restart, not again
+    resume_regenerated_tokens: int = 0  # tokens a checkpoint held that were thrown away (their group was retried)
+    lost_requests: int = 0  # requests whose replica died under them (continued on another one)
     aborted_requests: int = 0
     continued_requests: int = 0
     generated_tokens: int = 0

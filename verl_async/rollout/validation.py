@@ -30,7 +30,8 @@ import numpy as np
 from verl_async.config.derived import VAL_TIMEOUT_RULE
 from verl_async.rollout.agent_loop import reward_extra_info
 from verl_async.rollout.agent_stats import AgentStats
-from verl_async.rollout.engine import GenerateRequest, InferenceEngine, SamplingParams
+from verl_async.rollout.engine import GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
+from verl_async.rollout.health import ReplicaLost
 from verl_async.utils.busy_clock import BusyClock
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.val_generations import VAL_GENERATIONS_KEY, val_generations
@@ -72,9 +73,9 @@ def validation_metrics(k: int, prompts: Sequence[ScoredPrompt], lengths: Sequenc
     if not prompts:
         raise ValidationError(f"no validation prompt has a scored sample ({failed} of {requested} requests failed, "
                               f"the reward function failed on {reward_errors})")
-    by_source: dict[str, list[float]] = collections.defaultdict(list)
+    by_source: dict[str, list[ScoredPrompt]] = collections.defaultdict(list)
     for p in prompts:
-        by_source[p.source].append(float(np.mean(p.accs)))
+        by_source[p.source].append(p)
     out = {
         f"val/mean@{k}/score": float(np.mean([np.mean(p.scores) for p in prompts])),
         f"val/mean@{k}/acc": float(np.mean([np.mean(p.accs) for p in prompts])),
@@ -85,8 +86,13 @@ def validation_metrics(k: int, prompts: Sequence[ScoredPrompt], lengths: Sequenc
         "val/requested_samples": float(requested),
         "val/missing_samples": float(requested - sum(len(p.scores) for p in prompts)),
     }
-    for source, values in by_source.items():
-        out[f"val/{source}/acc"] = float(np.mean(values))
+    for source, group in by_source.items():
+        acc = float(np.mean([np.mean(p.accs) for p in group]))
+        out[f"val/{source}/acc"] = acc
+        # verl's names (verl/trainer/ppo/metric_utils.py process_validation_metrics), beside ours
+        out[f"val-core/{source}/acc/mean@{k}"] = acc
+        out[f"val-core/{source}/acc/best@{k}/mean"] = float(np.mean([max(p.accs) for p in group]))
+        out[f"val-aux/{source}/reward/mean@{k}"] = float(np.mean([np.mean(p.scores) for p in group]))
     return out
 
 
@@ -172,9 +178,12 @@ class Validator:
                 engine = timed[(item.index * k + j) % len(engines)]
                 seeded = replace(sampling, seed=validation_seed(sampling.seed, item.index, j))
                 req = GenerateRequest(self._request_id(version, item.index, j), list(item.prompt_ids), seeded)
-                if self.agent_loop is not None:
-                    return await self.agent_loop.run_request(engine, req, item, agent_stats)
-                return await engine.generate(req)
+                try:
+                    if self.agent_loop is not None:
+                        return await self.agent_loop.run_request(engine, req, item, agent_stats)
+                    return await engine.generate(req)
+                except ReplicaLost as lost:  # its replica died: a missing sample, not a failed validation
+                    return GenerateResult(req.request_id, [], [], [], "abort", error=str(lost))
 
         items = list(self.dataset)
         results = await asyncio.gather(*(one(item, j) for item in items for j in range(k)))

@@ -43,6 +43,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from verl_async.optional import VLLM, require
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine, SamplingParams
+from verl_async.rollout.native.sizing import DEFAULT_MAX_NUM_SEQS
 
 logger = logging.getLogger("verl_async.vllm")
 
@@ -101,7 +102,7 @@ def engine_args_from_config(rollout_cfg: Mapping[str, Any], *, model_path: str, 
         "tensor_parallel_size": tp,
         "distributed_executor_backend": "mp" if tp > 1 else "uni",
         "gpu_memory_utilization": float(get("gpu_memory_utilization", 0.5)),
-        "max_num_seqs": int(get("max_num_seqs", 64)),
+        "max_num_seqs": int(get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS),  # null: 64 (vLLM sizes its KV cache itself)
         "max_num_batched_tokens": int(get("max_num_batched_tokens", 8192)),
         "enable_chunked_prefill": bool(get("enable_chunked_prefill", True)),
         "enable_prefix_caching": bool(get("enable_prefix_caching", True)),

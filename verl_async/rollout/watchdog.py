@@ -8,6 +8,11 @@ requests, finished groups); when none of them rose for `rollout.progress_timeout
 requests were on the engines, the Rollouter fails with `EngineStalled`: one line naming each
 replica that holds requests, its request ids and the key to raise.
 
+With healing (rollout/healing.py) each replica also has a clock of its own: one that holds
+requests and neither makes tokens nor returns a request for `progress_timeout_s` is hung, and is
+handed to the healer (killed, restarted; its requests continue on the others) instead of the run
+stopping. The run-wide clock still stops the run when nothing heals.
+
 The clock runs only while requests are on the engines and no weight sync is under way (a
 sync pauses generation on purpose and has a timeout of its own); it starts afresh after
 each pause. A pause on the staleness budget stops admission, not generation: requests
@@ -27,7 +32,6 @@ pessimistic 1000 tokens/s. Defaults (64 x (128 + 64)): 612 s; 256 x (2048 + 8192
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
@@ -79,11 +83,15 @@ class Watched(Protocol):
 
     engines: Sequence[Any]
     counters: Any  # generated_tokens, finished_groups
+    healer: Any  # None: a hung replica stops the run (the run-wide clock)
+    returned_requests: Sequence[int]  # per replica: requests that came back
 
     @property
     def in_sync(self) -> bool: ...
 
     def requests_on_engines(self) -> list[dict[str, float]]: ...  # per replica: request id -> start (monotonic)
+
+    def replica_lost(self, index: int, why: str, *, kill: bool = False, engine: Any = None) -> None: ...
 
 
 class ProgressWatchdog:
@@ -97,13 +105,12 @@ class ProgressWatchdog:
         self.poll_s = float(poll_s) if poll_s is not None else min(MAX_POLL_S, self.timeout_s / 10)
         self.clock = StallClock()
         count = len(rollouter.engines)
+        self.replica_clocks = [StallClock() for _ in range(count)]
         self.engine_tokens: list[Optional[int]] = [None] * count
         self._stats_error: list[Optional[str]] = [None] * count
-        self._asked: list[Optional[tuple[float, asyncio.Future]]] = [None] * count
-        # stats() of a replica actor is a blocking ray.get: it runs here, one call per replica at a
-        # time, so a wedged replica holds one thread of this pool, never the scorers' threads
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, count),
-                                                           thread_name_prefix="verl_async-watchdog")
+        self._asked: list[Optional[tuple[float, asyncio.Future, Any]]] = [None] * count
+        # one stats_async() call per replica at a time, awaited on the loop (a replica actor's is an actor call):
+        # a wedged replica leaves one pending future here, never a blocked thread or event loop
 
     async def run(self) -> None:
         try:
@@ -114,11 +121,14 @@ class ProgressWatchdog:
                 ro = self.rollouter
                 requests = ro.requests_on_engines()
                 watching = any(requests) and not ro.in_sync
+                self._heal_hung_replicas(requests)
                 stalled_s = self.clock.observe(time.monotonic(), watching, self._progress())
                 if stalled_s >= self.timeout_s:
                     raise EngineStalled(self.describe(stalled_s, requests))
         finally:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            for asked in self._asked:
+                if asked is not None:
+                    asked[1].cancel()
 
     def _progress(self) -> dict[str, int]:
         counters = self.rollouter.counters
@@ -126,17 +136,35 @@ class ProgressWatchdog:
         out.update({f"replica{i}": n for i, n in enumerate(self.engine_tokens) if n is not None})
         return out
 
+    def _heal_hung_replicas(self, requests: Sequence[Mapping[str, float]]) -> None:
+        """A replica holding requests with no token and no returned request for the timeout goes to the healer."""
+        ro = self.rollouter
+        if getattr(ro, "healer", None) is None:
+            return
+        now = time.monotonic()
+        for i, held in enumerate(requests):
+            tokens = self.engine_tokens[i]
+            progress = {"tokens": -1 if tokens is None else tokens, "returned": int(ro.returned_requests[i])}
+            stalled_s = self.replica_clocks[i].observe(now, bool(held) and not ro.in_sync, progress)
+            if stalled_s >= self.timeout_s:
+                self.replica_clocks[i] = StallClock()
+                ro.replica_lost(i, f"hung: it held {len(held)} request(s) and made no token for {stalled_s:.0f} s "
+                                   f"(rollout.progress_timeout_s={self.timeout_s:g})", kill=True, engine=ro.engines[i])
+
     def _ask_stats(self) -> None:
-        loop = asyncio.get_running_loop()
         for i, engine in enumerate(self.rollouter.engines):
             if self._asked[i] is None:
-                self._asked[i] = (time.monotonic(), loop.run_in_executor(self._pool, engine.stats))
+                self._asked[i] = (time.monotonic(), asyncio.ensure_future(engine.stats_async()), engine)
 
     def _read_stats(self) -> None:
         for i, asked in enumerate(self._asked):
             if asked is None:
                 continue
-            since, future = asked
+            since, future, engine = asked
+            if engine is not self.rollouter.engines[i]:  # healed since: ask the new one
+                self._asked[i] = None
+                self.engine_tokens[i] = None
+                continue
             if not future.done():
                 self._stats_error[i] = f"its stats() has not answered for {time.monotonic() - since:.0f} s"
                 continue

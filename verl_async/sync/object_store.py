@@ -10,7 +10,7 @@ pass through the driver.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from verl_async.sync.buckets import PackedBucket, bucketize
 from verl_async.sync.driver import SyncDriver, SyncError
@@ -70,13 +70,28 @@ def full_weights(worker_group: Any, bucket_bytes: int = 256 << 20, dtype: Option
         yield from worker_group.wait([ref], "weight bucket")[0]
 
 
+def push_to_waiting_replicas(worker_group: Any, rollouter: Any, version: int, bucket_bytes: int,
+                             wait: Callable[[Any, str], Any]) -> int:
+    """The current weights (`version`) to the restarted replicas that wait for them, and to them alone: generation
+    goes on on the others (rollout/healing.py). Any transport's run may use it: every rank has this half.
+    `wait(ref, what)` answers a Rollouter call within the caller's deadline. Returns how many rejoined."""
+    if not wait(rollouter.heal_begin.remote(version), "the Rollouter's heal push"):
+        return 0
+    for ref in bucket_refs(worker_group, bucket_bytes):
+        wait(rollouter.heal_load.remote([ref], version), "the Rollouter's heal push")
+    return int(wait(rollouter.heal_end.remote(version), "the Rollouter's heal push"))
+
+
 # ---------------------------------------------------------------------------------------- engines
 def _fetch(refs: Sequence[Any]) -> Iterator[Any]:
-    """Fetch weight buckets one at a time (peak extra memory: one bucket)."""
+    """Fetch weight buckets one at a time (peak extra memory: one bucket), in the engine's loading thread
+    (through the ref's future: no blocking ray.get inside the replica's async actor)."""
     import ray
 
+    from verl_async.utils.waiting import resolve
+
     for ref in refs:
-        yield ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
+        yield resolve(ref) if isinstance(ref, ray.ObjectRef) else ref
 
 
 class EngineSide(EngineHalf):
@@ -88,6 +103,7 @@ class RolloutSide(RolloutHalf):
     """Every replica gets the same refs (each fetches the bucket itself)."""
 
     family, engine_half = FAMILY, EngineSide
+    tolerates_lost = True  # each replica fetches on its own: one that died leaves the others' load whole
 
     async def load(self, refs: list, *, version: int) -> None:
         await self.each("load", list(refs), version=version)

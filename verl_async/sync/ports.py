@@ -14,6 +14,8 @@ import asyncio
 import weakref
 from typing import Any, Callable, Optional
 
+from verl_async.errors import ReplicaLost
+
 _halves: "weakref.WeakKeyDictionary[Any, dict[Callable, Any]]" = weakref.WeakKeyDictionary()
 
 
@@ -59,10 +61,18 @@ class EngineHalf:
 
 
 class RolloutHalf:
-    """Base of every transport's rollout side: fans a step out to the replicas in `owner.sync_engines`."""
+    """Base of every transport's rollout side: fans a step out to the replicas in `owner.sync_engines`.
+
+    `tolerates_lost`: a replica lost in a step (`ReplicaLost`: its process died) is handed to
+    `owner.member_lost(engine, exc)`, which takes it out of this sync (it is healed and gets the
+    weights by itself, rollout/healing.py), and the step goes on with the others. Only transports
+    whose members load independently may tolerate it (object_store); in a collective, a lost
+    member breaks the step for everyone.
+    """
 
     family: str = ""
     engine_half: Callable[[Any], Any] = EngineHalf
+    tolerates_lost: bool = False
 
     def __init__(self, owner: Any) -> None:
         self.owner = owner
@@ -71,9 +81,22 @@ class RolloutHalf:
         return list(self.owner.sync_engines)
 
     async def each(self, step: str, *args: Any, engines: Optional[list] = None, **kwargs: Any) -> list:
-        """`step` on every replica at once; results in replica order."""
-        return list(await asyncio.gather(*(engine_call(e, self.family, type(self).engine_half, step, *args, **kwargs)
-                                           for e in (self.engines() if engines is None else engines))))
+        """`step` on every replica at once; results in replica order (None for a replica lost, when tolerated)."""
+        targets = self.engines() if engines is None else engines
+        calls = [engine_call(e, self.family, type(self).engine_half, step, *args, **kwargs) for e in targets]
+        lost = getattr(self.owner, "member_lost", None) if self.tolerates_lost else None
+        if lost is None:  # the first failure fails the step at once (a collective's others may wait for it)
+            return list(await asyncio.gather(*calls))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        out = []
+        for engine, result in zip(targets, results):
+            if isinstance(result, ReplicaLost) and lost is not None:
+                lost(engine, result)
+                result = None
+            elif isinstance(result, BaseException):
+                raise result
+            out.append(result)
+        return out
 
     async def unwritten(self, *, version: int) -> dict[str, list[str]]:
         """Per replica that missed some: the parameters no load of this sync wrote."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -40,11 +41,16 @@ from verl_async.invariant.logprob import token_logprobs, token_logprobs_and_entr
 from verl_async.trainer import offload
 from verl_async.trainer.attention import resolve_attn_implementation
 from verl_async.trainer.batching import MiniBatchPlan, ModelInputs, build_model_inputs, gather_rows
+from verl_async.trainer.hf_export import HF_SUBDIR
 from verl_async.trainer.common import DTYPES, RankBase, eval_mode, log_prob_model
+from verl_async.trainer.faults import die_in_update
 from verl_async.trainer.rank_results import METRIC_KEYS, LogProbRows, UpdateStats, nonfinite_grads
-from verl_async.trainer.loss import LossConfig, guarded_actor_loss
+from verl_async.trainer.loss import LossConfig, guarded_actor_loss, student_topk
 from verl_async.trainer.lr_schedule import build_lr_scheduler
+from verl_async.trainer import lora as lora_mod
 from verl_async.trainer.settings import TrainerSettings
+from verl_async.trainer.ulysses import (ULYSSES, build_sp_group, gather_sequence, register_ulysses_attention,
+                                        sequence_parallel, slice_packed)
 from verl_async.utils import device as device_layer
 
 if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
@@ -69,6 +75,8 @@ class FSDPWorker(RankBase):
         self.config = config
         self.settings = TrainerSettings.from_config(config)
         self.rank, self.world_size = rank, world_size
+        self.sp = None  # this rank's Ulysses group (trainer/ulysses.py), None without sequence parallelism
+        self.dp_rank = rank // self.settings.sp  # the data-parallel share it trains on (its sp group's)
         self.global_step = 0
         self.skipped_steps = 0
         self.model: Any = None
@@ -84,31 +92,46 @@ class FSDPWorker(RankBase):
         self._init_distributed(master_addr, master_port)
         from torch.distributed.device_mesh import init_device_mesh
 
-        # DP only for now; a ("dp", "cp") mesh slots in here when context parallelism arrives.
+        # FSDP2 shards over every rank; with Ulysses, groups of sp consecutive ranks split the sequence (as verl)
         self.mesh = init_device_mesh(s.device, (self.world_size,), mesh_dim_names=("dp",))
+        self.sp = build_sp_group(self.world_size, self.rank, s.sp)
         torch.manual_seed(s.seed)
         if s.true_on_policy_span is not None:
             problem = environment_problem(s.device)
             if problem is not None:
                 raise RuntimeError(problem)
         self.attn_implementation = resolve_attn_implementation(s.attn_implementation, s.device)
+        if self.sp is not None:  # all-to-all around the resolved kernel
+            self.attn_implementation = register_ulysses_attention(self.attn_implementation)
         self.model = self._build_model(train=True)
         self.pad_token_id = int(self.model.config.pad_token_id or 0)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=s.optim.lr, betas=s.optim.betas, eps=s.optim.eps,
-            weight_decay=s.optim.weight_decay,
+        self.optimizer = torch.optim.AdamW(  # LoRA: the adapters only (the base weights are frozen)
+            [p for p in self.model.parameters() if p.requires_grad], lr=s.optim.lr, betas=s.optim.betas,
+            eps=s.optim.eps, weight_decay=s.optim.weight_decay,
         )
         self.lr_scheduler = build_lr_scheduler(
             self.optimizer, kind=s.optim.lr_scheduler_type, warmup_steps=s.warmup_steps(),
             total_steps=s.optim.total_training_steps, min_lr_ratio=s.optim.min_lr_ratio,
             num_cycles=s.optim.num_cycles,
         )
-        if s.need_ref:
+        if s.need_ref and s.lora is None:  # with LoRA the reference is the actor with its adapters off
             self.ref_model = self._build_model(train=False)
+        self._lora_scalings = lora_mod.lora_scalings(self.model) if s.lora is not None else {}
         self._offload_if_asked()
         n_params = sum(p.numel() for p in self.model.parameters())
-        return {"rank": self.rank, "params": int(n_params), "attn_implementation": self.attn_implementation,
-                "device": str(self.device.torch_device), "memory": self.memory_report()}
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        accel = device_layer.accelerator_module(s.device)
+        return {"rank": self.rank, "dp_rank": self.dp_rank, "params": int(n_params), "trainable_params": int(trainable),
+                "attn_implementation": self.attn_implementation,
+                "device": str(self.device.torch_device), "device_name": self._device_name(),
+                "memory": self.memory_report(),
+                "allocated_bytes": int(accel.memory_allocated()) if accel is not None else 0}
+
+    def _device_name(self) -> str:
+        """The accelerator's name (its promised FLOP/s for perf/mfu/actor: utils/flops.py); the kind elsewhere."""
+        if self.settings.device == "cuda":
+            return torch.cuda.get_device_name(self.device.torch_device)
+        return self.settings.device
 
     def _mp_policy(self):
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -134,6 +157,8 @@ class FSDPWorker(RankBase):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if not train:
             model.requires_grad_(False)
+        elif s.lora is not None:  # adapters on the targeted layers, before sharding; only they train
+            model = lora_mod.apply_lora(model, s.lora)
         on_accel = s.device != "cpu"
         offload = (s.offload_policy if train else s.ref_param_offload) and on_accel
         policy = CPUOffloadPolicy(pin_memory=True) if offload else OffloadPolicy()
@@ -170,11 +195,18 @@ class FSDPWorker(RankBase):
         """`record_function('verl::<phase>')` while profiling (verl_async.utils.profile_summary), else nothing."""
         return torch.profiler.record_function(f"verl::{phase}") if self._profiling else contextlib.nullcontext()
 
-    def _forward(self, model, inp: ModelInputs, *, with_entropy: bool, use_ref: bool = False
-                 ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-        """(logp [b,T], entropy [b,T] or None, anchor): anchor is a zero that touches the whole graph.
+    def _forward(self, model, inp: ModelInputs, *, with_entropy: bool, use_ref: bool = False,
+                 topk_ids: Optional[torch.Tensor] = None
+                 ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Optional[torch.Tensor]]:
+        """(logp [b,T], entropy [b,T] or None, anchor, top-k [b,T,K] or None): anchor is a zero that touches the
+        whole graph; with `topk_ids` [b,T,K] (a teacher's top-k tokens, distillation) the student's log-probs of them.
 
         `use_ref`: the reference model's forward (its log-probs follow `ref.use_torch_compile`)."""
+        compiled = self.settings.ref_use_torch_compile if use_ref else self.settings.use_torch_compile
+        if self.sp is not None and inp.num_rows:
+            if topk_ids is not None:  # refused at start-up (config/distillation.py); a guard, not a path
+                raise NotImplementedError("top-k distillation with Ulysses sequence parallelism")
+            return (*self._forward_sequence_parallel(model, inp, with_entropy=with_entropy, compiled=compiled), None)
         with self._range("inputs"):
             inp = inp.to(self.device.torch_device)
         with self._range("forward"):
@@ -182,7 +214,6 @@ class FSDPWorker(RankBase):
         logits = out.logits
         labels = inp.labels.to(logits.device)
         temperature = self.settings.temperature
-        compiled = self.settings.ref_use_torch_compile if use_ref else self.settings.use_torch_compile
         with self._range("logprob"):
             if self.settings.true_on_policy_span is not None:  # the engine's own kernel (fixed chunks)
                 if with_entropy:
@@ -196,7 +227,39 @@ class FSDPWorker(RankBase):
         anchor = torch.where(torch.isfinite(raw_logp), raw_logp, torch.zeros_like(raw_logp)).sum() * 0.0
         logp = inp.scatter(raw_logp)
         ent = inp.scatter(raw_ent) if raw_ent is not None else None
-        return logp, ent, anchor
+        topk = None
+        if topk_ids is not None:
+            with self._range("distillation_topk"):
+                topk = student_topk(logits, inp, topk_ids.to(logits.device), temperature)
+        return logp, ent, anchor, topk
+
+    def _forward_sequence_parallel(self, model, inp: ModelInputs, *, with_entropy: bool, compiled: bool
+                                   ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+        """`_forward` with Ulysses: this rank's slice of the packed row through the model, the log-probs (and
+        entropy) of every position gathered over the sp group, then read at the response positions as usual."""
+        dev = self.device.torch_device
+        cu = inp.varlen_kwargs["cu_seq_lens_q"]
+        piece = slice_packed(inp.input_ids, inp.position_ids, cu, int(inp.varlen_kwargs["max_length_q"]), self.sp,
+                             self.pad_token_id)
+        with self._range("forward"), sequence_parallel(self.sp):
+            out = model(input_ids=piece.input_ids.to(dev), position_ids=piece.position_ids.to(dev),
+                        attention_mask=None, use_cache=False,
+                        **{k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in piece.varlen_kwargs.items()})
+        labels = piece.labels.to(dev)
+        temperature = self.settings.temperature
+        with self._range("logprob"):
+            if with_entropy:
+                local_logp, local_ent = logprobs_and_entropy(out.logits, labels, temperature,
+                                                             use_torch_compile=compiled)
+            else:
+                local_logp = logprobs_from_logits(out.logits, labels, temperature, use_torch_compile=compiled)
+                local_ent = None
+            keep = inp.logits_index.to(dev)
+            raw_logp = gather_sequence(local_logp, self.sp)[:, keep]
+            raw_ent = gather_sequence(local_ent, self.sp)[:, keep] if local_ent is not None else None
+        anchor = torch.where(torch.isfinite(raw_logp), raw_logp, torch.zeros_like(raw_logp)).sum() * 0.0
+        inp = inp.to(dev)
+        return inp.scatter(raw_logp), (inp.scatter(raw_ent) if raw_ent is not None else None), anchor
 
     def _packed(self) -> bool:
         return self.settings.use_remove_padding
@@ -204,19 +267,21 @@ class FSDPWorker(RankBase):
     def _inputs(self, batch: TensorDict, rows: Sequence[int]) -> ModelInputs:
         return build_model_inputs(batch, rows, packed=self._packed(), pad_token_id=self.pad_token_id,
                                   with_varlen_kwargs=self.attn_implementation in ("flash_attention_2", "varlen",
-                                                                                  ATTENTION_NAME))
+                                                                                  ATTENTION_NAME, ULYSSES))
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorDict, micro_batches: list[list[int]], *, use_ref: bool = False,
                          calculate_entropy: bool = False) -> dict[str, Any]:
         """Log-probs (and entropy) of this rank's rows: {"rows", "log_probs" [n,T], "entropy" [n,T] | None}."""
-        model = log_prob_model(self.model, self.ref_model, use_ref)
+        lora_ref = use_ref and self.settings.lora is not None  # the reference: the actor without its adapters
+        model = log_prob_model(self.model, self.ref_model, use_ref and not lora_ref)
         self._load_if_offloaded()
         out = LogProbRows()
-        with eval_mode(model, after=self._offload_if_asked):
+        adapters_off = self.model.disable_adapter() if lora_ref else contextlib.nullcontext()
+        with eval_mode(model, after=self._offload_if_asked), adapters_off:
             for rows in micro_batches:
-                logp, ent, _ = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy,
-                                             use_ref=use_ref)
+                logp, ent = self._forward(model, self._inputs(batch, rows), with_entropy=calculate_entropy,
+                                          use_ref=use_ref)[:2]
                 out.add(rows, logp, ent)
         return out.result(batch["responses"].shape[1], calculate_entropy)
 
@@ -230,6 +295,7 @@ class FSDPWorker(RankBase):
         `profile={"dir": ..., "tag": ...}` runs this step under torch.profiler: the trace goes to
         `dir/<tag>_rank<r>.json.gz`, the summary to `perf/profile` (verl_async.utils.profile_summary).
         """
+        die_in_update(self.config, self.rank, self.global_step + 1)  # debug.fail_trainer (fault drills)
         if not profile:
             return self._update(batch, plans, loss_keys)
         from verl_async.utils.profile_summary import profile_call
@@ -264,16 +330,20 @@ class FSDPWorker(RankBase):
             local = {k: 0.0 for k in METRIC_KEYS}
             bad = 0.0
             ratio_dev = 0.0  # first mini-batch: max |ratio - 1| (0.0 when old log-probs are this forward's)
-            micro = plan.micro[self.rank]
+            micro = plan.micro[self.dp_rank]
             for i, rows in enumerate(micro):
                 with self._range("inputs"):
                     inp = self._inputs(batch, rows)
-                stats.tokens += inp.num_tokens if rows else 0
-                logp, ent, anchor = self._forward(self.model, inp, with_entropy=want_entropy)
+                stats.tokens += inp.num_tokens // self.settings.sp if rows else 0  # this rank's slice
+                data = gather_rows(batch, rows, loss_keys) if rows else {}
+                logp, ent, anchor, topk = self._forward(self.model, inp, with_entropy=want_entropy,
+                                                        topk_ids=data.get("teacher_topk_ids"))
                 loss = anchor
                 if rows:
                     with self._range("loss"):
-                        data = {k: v.to(logp.device) for k, v in gather_rows(batch, rows, loss_keys).items()}
+                        data = {k: v.to(logp.device) for k, v in data.items()}
+                        if topk is not None:
+                            data["student_topk_log_probs"] = topk
                         micro_loss, m, error = guarded_actor_loss(logp, ent, data, cfg, rows=rows,
                                                                   global_tokens=plan.num_tokens,
                                                                   global_seqs=plan.num_seqs,
@@ -293,7 +363,8 @@ class FSDPWorker(RankBase):
                 with self._range("backward"):
                     (loss * self.world_size).backward()
             with self._range("metrics"):
-                reduced = self._all_reduce_sum([local[k] for k in METRIC_KEYS] + [bad])
+                # the ranks of an sp group hold the same shares: count each group once
+                reduced = self._all_reduce_sum([local[k] / self.settings.sp for k in METRIC_KEYS] + [bad])
                 if step_index == 0:
                     stats.first_ratio_dev = self._all_reduce_max(ratio_dev)
             step_metrics = dict(zip(METRIC_KEYS, reduced[:-1]))
@@ -375,23 +446,43 @@ class FSDPWorker(RankBase):
         """
         self._load_if_offloaded()
         try:
-            device = self.device.torch_device
-            for name, param in self.model.named_parameters():
-                if hasattr(param, "full_tensor"):
-                    # host-offloaded shards (offload_policy) must visit the device: NCCL/HCCL gather device memory
-                    full = (param if param.device == device else param.to(device)).full_tensor()
-                else:
-                    full = param.data
-                if self.rank == 0:
-                    out = full.detach().to(dtype or full.dtype)
-                    yield name, out.cpu() if to_cpu else out
-                del full
+            named = self._gathered_params()
+            if self.settings.lora is not None:  # W + alpha/r B A under the base model's names (trainer/lora.py)
+                named = lora_mod.merged_weights(named, self._lora_scalings)
+            for name, full in named:
+                out = full.to(dtype or full.dtype)
+                yield name, out.cpu() if to_cpu else out
         finally:
             self._offload_if_asked()
 
+    def device_gather_seconds(self, dtype: Optional[str] = None) -> float:
+        """Seconds to produce every weight on the device as the collective transports do (gathers, LoRA merges),
+        without sending it: what `scripts/bench_lora.py` times. Collective: call it on every rank."""
+        start = time.perf_counter()
+        for _name, tensor in self.iter_full_params(self.sync_dtype(dtype), to_cpu=False):
+            del tensor
+        accel = device_layer.accelerator_module(self.settings.device)
+        if accel is not None:
+            accel.synchronize()
+        return time.perf_counter() - start
+
+    def _gathered_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) of every parameter on rank 0, nothing elsewhere; every rank must iterate (gathers)."""
+        device = self.device.torch_device
+        for name, param in self.model.named_parameters():
+            if hasattr(param, "full_tensor"):
+                # host-offloaded shards (offload_policy) must visit the device: NCCL/HCCL gather device memory
+                full = (param if param.device == device else param.to(device)).full_tensor()
+            else:
+                full = param.data
+            if self.rank == 0:
+                yield name, full.detach()
+            del full
+
     def full_param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """(HF name, full shape) in `iter_full_params` order, from metadata alone (DTensors know their global shape)."""
-        return [(n, tuple(p.shape)) for n, p in self.model.named_parameters()]
+        shapes = [(n, tuple(p.shape)) for n, p in self.model.named_parameters()]
+        return lora_mod.merged_shapes(shapes) if self.settings.lora is not None else shapes
 
     @property
     def hf_config(self) -> Any:
@@ -405,11 +496,34 @@ class FSDPWorker(RankBase):
 
         self.save_hf_beside(path)
         self._load_if_offloaded()
+        if self.settings.lora is not None:
+            self._save_lora_adapter(os.path.join(path, HF_SUBDIR, "lora_adapter"))
         os.makedirs(path, exist_ok=True)
         model_sd, optim_sd = self._state_dicts()
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
-        self._save_trainer_state(path, self.lr_scheduler.state_dict(), extra, {"backend": "fsdp"})
+        meta = {"backend": "fsdp"}
+        if self.settings.lora is not None:  # the model merger merges the adapters with these scalings
+            meta["lora"] = {"rank": self.settings.lora.rank, "alpha": self.settings.lora.alpha,
+                            "scalings": self._lora_scalings}
+        self._save_trainer_state(path, self.lr_scheduler.state_dict(), extra, meta)
         self._offload_if_asked()
+
+    def _save_lora_adapter(self, folder: str) -> None:
+        """The adapters alone as a peft folder (adapter_config.json, adapter_model.safetensors): what
+        `actor_rollout_ref.model.lora_adapter_path` (and peft's `PeftModel.from_pretrained`) loads."""
+        from safetensors.torch import save_file
+
+        tensors = {}
+        for name, param in self.model.named_parameters():
+            if ".lora_" not in name:
+                continue
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param.data  # collective
+            if self.rank == 0:  # peft's saved names carry no adapter name
+                tensors[name.replace(f".{lora_mod.ADAPTER}.", ".")] = full.detach().float().cpu().contiguous()
+        if self.rank == 0:
+            os.makedirs(folder, exist_ok=True)
+            self.model.peft_config[lora_mod.ADAPTER].save_pretrained(folder)
+            save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
 
     def load(self, path: str) -> dict:
         """Restore what `save` wrote; returns its `extra`."""

@@ -17,6 +17,7 @@ forward passes). The loss itself is `trainer/loss.py`, run on the ranks.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional, Protocol
 
@@ -84,6 +85,14 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
+def same_version_tokens(token_versions: torch.Tensor, version: int, local_updates: int = 0) -> torch.Tensor:
+    """[B, T] bool: the tokens sampled by exactly the weights the trainer recomputes with. Engines only
+    ever hold pushed versions, so after a local optimizer step (not pushed yet) there are none."""
+    if local_updates:
+        return torch.zeros_like(token_versions, dtype=torch.bool)
+    return token_versions == version
+
+
 def mismatch_metrics(
     old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, same_version: Optional[torch.Tensor] = None
 ) -> dict[str, float]:
@@ -139,6 +148,9 @@ def step_advantages(
                                               kl_coef=kl_coef, kind=algo.kl_penalty)
         metrics["critic/kl_in_reward"] = mean_kl
         metrics["critic/kl_in_reward_coef"] = kl_coef
+        shaped = token_rewards.sum(-1)
+        metrics.update({"critic/rewards/mean": float(shaped.mean()), "critic/rewards/max": float(shaped.max()),
+                        "critic/rewards/min": float(shaped.min())})
         next_coef = next_kl_coef(algo.kl_ctrl_type, kl_coef, mean_kl, target_kl=algo.target_kl,
                                  horizon=algo.kl_horizon, n_steps=int(mask.shape[0]))
         if algo.adv_estimator == "reinforce_plus_plus":  # token-level returns of the shaped rewards
@@ -149,6 +161,7 @@ def step_advantages(
     valid = mask.bool()
     metrics["critic/advantages/mean"] = float(advantages[valid].mean()) if valid.any() else 0.0
     metrics["critic/advantages/max"] = float(advantages[valid].max()) if valid.any() else 0.0
+    metrics["critic/advantages/min"] = float(advantages[valid].min()) if valid.any() else 0.0
     return advantages, metrics, next_coef
 
 
@@ -164,7 +177,8 @@ def nonzero_advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor, eps:
 
 
 def correction_inputs(
-    old: torch.Tensor, rollout: Optional[torch.Tensor], mask: torch.Tensor, settings: RolloutCorrectionSettings
+    old: torch.Tensor, rollout: Optional[torch.Tensor], mask: torch.Tensor, settings: RolloutCorrectionSettings,
+    same_version: Optional[torch.Tensor] = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """The loss mask (and `is_weights` when the correction is on) and the `mismatch/*` metrics.
 
@@ -177,7 +191,7 @@ def correction_inputs(
     """
     if rollout is None:
         return {"loss_mask": mask.float()}, {}
-    weights, kept, metrics = rollout_correction(old, rollout, mask, **settings.kwargs())
+    weights, kept, metrics = rollout_correction(old, rollout, mask, **settings.kwargs(), same_version=same_version)
     out = {f"mismatch/{k}": v for k, v in metrics.items()}
     if not settings.enable:
         return {"loss_mask": mask.float()}, out
@@ -197,16 +211,21 @@ def prepare_batch(
     kl_coef: float,
     logprob_span: Callable[[], ContextManager] = contextlib.nullcontext,
     version: Optional[int] = None,
+    local_updates: int = 0,
 ) -> tuple[dict[str, float], float]:
     """Adds `old_log_probs`, `ref_log_prob` (when used), `advantages`, `loss_mask` and
     `is_weights` (correction on) to the batch in place; returns (metrics, next KL coefficient).
 
     `logprob_span` wraps the old log-prob forward (the Trainer's timeline span); `version` is the
-    trainer's weight version, which with the batch's `token_versions` splits the mismatch metrics.
+    last weight version the trainer pushed to the engines, which with the batch's `token_versions`
+    splits the mismatch metrics. `local_updates` counts the optimizer steps the trainer took since
+    that push (`trigger_parameter_sync_step > 1`): then its weights are ahead of every version a
+    token can carry, and no token is of its version (tokens of `version` drifted by those steps).
     """
     mask = batch["response_mask"]
     metrics: dict[str, float] = {}
     rollout = batch["rollout_log_probs"]
+    t0 = time.perf_counter()
     if algo.recompute_old_log_probs:
         with logprob_span():
             # entropy comes with the same forward (verl logs it from here too)
@@ -214,23 +233,30 @@ def prepare_batch(
         metrics["actor/entropy"] = _masked_mean(entropy, mask)
         same_version = None
         if version is not None and "token_versions" in batch.keys():
-            same_version = batch["token_versions"] == version
+            same_version = same_version_tokens(batch["token_versions"], version, local_updates)
         metrics.update(mismatch_metrics(old, rollout, mask, same_version))
     else:
         old = rollout.clone()
+        same_version = None
     batch["old_log_probs"] = old
+    t1 = time.perf_counter()
     ref = None
     if algo.use_reference:
         ref = group.compute_ref_log_prob(batch)
         batch["ref_log_prob"] = ref
         metrics["actor/ref_kl_of_old"] = _masked_mean(kl_penalty(old, ref, "kl"), mask)
+    t2 = time.perf_counter()
     advantages, adv_metrics, next_coef = step_advantages(algo, batch["scores"], batch["group_index"], mask, old, ref,
                                                          kl_coef)
+    # verl's phase timings (old log-probs are 0 s in bypass mode: the rollout's are used)
+    metrics.update({"timing_s/old_log_prob": t1 - t0, "timing_s/adv": time.perf_counter() - t2})
+    if algo.use_reference:
+        metrics["timing_s/ref"] = t2 - t1
     batch["advantages"] = advantages
     metrics.update(adv_metrics)
     metrics.update(nonzero_advantage_metrics(advantages, mask))
     tensors, correction_metrics = correction_inputs(old, rollout if algo.recompute_old_log_probs else None, mask,
-                                                    algo.correction)
+                                                    algo.correction, same_version)
     batch.update(tensors)
     metrics.update(correction_metrics)  # after mismatch_metrics: the correction's values of shared keys win
     return metrics, next_coef

@@ -11,7 +11,8 @@ import torch
 from verl_async.utils import device as device_layer
 
 METRIC_KEYS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
-               "actor/kl_loss", "actor/loss")
+               "actor/kl_loss", "actor/loss", "distillation/loss", "distillation/abs_loss", "distillation/student_mass",
+               "distillation/teacher_mass")
 
 
 class LogProbRows:
@@ -73,6 +74,13 @@ class UpdateStats:
             out.pop("actor/kl_loss")
         if s.entropy_coeff == 0:
             out.pop("actor/entropy")
+        distillation = getattr(s, "distillation", None)
+        topk = distillation is not None and distillation.uses_topk
+        for key, shown in (("distillation/loss", distillation is not None), ("distillation/abs_loss", not topk
+                           and distillation is not None), ("distillation/student_mass", topk),
+                           ("distillation/teacher_mass", topk)):
+            if not shown:
+                out.pop(key)
         finite_norms = [g for g in self.grad_norms if np.isfinite(g)]
         out.update({
             "actor/grad_norm": float(np.mean(finite_norms)) if finite_norms else float("nan"),

@@ -16,12 +16,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from verl_async.distillation_loss import DistillationLoss
 from verl_async.algos.logprob import logprob_temperature
+from verl_async.algos.policy_losses import POLICY_LOSSES, loss_keys
 from verl_async.config.derived import rollout_max_model_len
 from verl_async.invariant import attention_span
+from verl_async.trainer.lora import LoraSettings
 from verl_async.trainer.token_budget import CPU_TOKENS
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 LR_SCHEDULERS = ("constant", "cosine")
 WORKER_TIMEOUT_S = 1800.0  # config/fully_async_ppo_trainer.yaml's trainer.worker_timeout_s, for configs built without it
@@ -44,6 +47,10 @@ def _get(cfg: Mapping[str, Any], path: str, default: Any = dataclasses.MISSING) 
 def _first(*values: Any) -> Any:
     """The first value that is not None (0 is a value)."""
     return next((v for v in values if v is not None), None)
+
+
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _positive(path: str, value: Any, *, allow_zero: bool = False) -> int:
@@ -75,6 +82,20 @@ def _dtype_name(path: str, value: Any) -> str:
     if value not in _DTYPES:
         raise ValueError(f"{path} must be one of {sorted(_DTYPES)}, got {value!r}")
     return _DTYPES[value]
+
+
+def _distillation(d: Any) -> Optional[DistillationLoss]:
+    """`distillation.*` as the loss reads it (None when not enabled; config/distillation.py checked it)."""
+    if not d or not d.get("enabled"):
+        return None
+    dl = dict(d.get("distillation_loss") or {})
+    opt = lambda k: None if dl.get(k) is None else float(dl[k])  # noqa: E731
+    return DistillationLoss(
+        loss_mode=str(dl.get("loss_mode", "k3")), topk=None if dl.get("topk") is None else int(dl["topk"]),
+        use_task_rewards=bool(dl.get("use_task_rewards", True)),
+        distillation_loss_coef=float(dl.get("distillation_loss_coef", 1.0)), loss_max_clamp=opt("loss_max_clamp"),
+        log_prob_min_clamp=opt("log_prob_min_clamp"), use_policy_gradient=bool(dl.get("use_policy_gradient", False)),
+        clip_ratio_low=float(dl.get("clip_ratio_low", 0.2)), clip_ratio_high=float(dl.get("clip_ratio_high", 0.2)))
 
 
 @dataclass(frozen=True)
@@ -124,6 +145,40 @@ class RolloutCorrectionSettings:
         return d
 
 
+def lora_settings(cfg: Mapping[str, Any]) -> Optional[LoraSettings]:
+    """verl's `actor_rollout_ref.model.lora_rank` (> 0: LoRA) and the keys beside it; None for full training."""
+    m = "actor_rollout_ref.model"
+    rank = _positive(f"{m}.lora_rank", _get(cfg, f"{m}.lora_rank", 0) or 0, allow_zero=True)
+    if rank == 0:
+        return None
+    alpha = float(_get(cfg, f"{m}.lora_alpha", 16))
+    if not alpha > 0:
+        raise ValueError(f"{m}.lora_alpha must be > 0, got {alpha}")
+    return LoraSettings(rank=rank, alpha=alpha, target_modules=_get(cfg, f"{m}.target_modules", "all-linear"),
+                        exclude_modules=_get(cfg, f"{m}.exclude_modules", None),
+                        adapter_path=_get(cfg, f"{m}.lora_adapter_path", None))
+
+
+def policy_loss_params(cfg: Mapping[str, Any]) -> dict:
+    """Every policy loss's own keys (a loss takes those it reads), from verl's places: actor.tau_*,
+    actor.policy_loss.* and, for bypass_mode, actor.policy_loss.rollout_correction.* (the clip ratios are
+    settings of their own). A key the config leaves out keeps the loss's default (verl's)."""
+    a = "actor_rollout_ref.actor"
+    places = {"tau_pos": f"{a}.tau_pos", "tau_neg": f"{a}.tau_neg"}
+    out = {}
+    for mode in POLICY_LOSSES:
+        for key in loss_keys(mode):
+            if key.startswith("clip_ratio"):
+                continue
+            path = places.get(key, f"{a}.policy_loss.{key}")
+            if mode == "bypass_mode":
+                path = f"{a}.policy_loss.rollout_correction.{key}"
+            value = _get(cfg, path, None)
+            if value is not None:
+                out[key] = value
+    return out
+
+
 @dataclass(frozen=True)
 class TrainerSettings:
     # placement
@@ -150,6 +205,10 @@ class TrainerSettings:
     param_offload: bool
     optimizer_offload: bool
     ref_param_offload: bool
+    # Ulysses sequence parallelism (trainer/ulysses.py): ranks per sequence-parallel group
+    ulysses_sequence_parallel_size: int
+    # LoRA (trainer/lora.py): None trains every parameter
+    lora: Optional[LoraSettings]
     # update
     rollout_n: int
     ppo_mini_batch_size: int  # groups (prompts) per optimizer step; x rollout_n responses
@@ -163,6 +222,8 @@ class TrainerSettings:
     clip_ratio_high: float
     clip_ratio_c: float
     loss_agg_mode: str
+    loss_mode: str  # policy_loss.loss_mode (verl_async.algos.policy_losses)
+    policy_loss: dict  # that loss's own keys (policy_loss_params)
     entropy_coeff: float
     use_kl_loss: bool
     kl_loss_coef: float
@@ -193,6 +254,8 @@ class TrainerSettings:
     # true on-policy mode (rollout.true_on_policy): the attention span shared with the native engine
     # (verl_async.invariant), None when off
     true_on_policy_span: Optional[int] = None
+    # on-policy distillation (distillation.enabled): verl's distillation loss beside the policy loss, None when off
+    distillation: Optional[DistillationLoss] = None
     extra: dict = field(default_factory=dict)
 
     # knobs that may change after init (by their actor key name)
@@ -202,12 +265,20 @@ class TrainerSettings:
         "clip_ratio_c", "entropy_coeff", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "use_remove_padding",
         "temperature", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
         "log_prob_max_token_len_per_gpu", "ref_log_prob_max_token_len_per_gpu", "rollout_correction",
-        "grad_accum_no_sync",
+        "grad_accum_no_sync", "loss_mode", "policy_loss",
     )
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.n_gpus_per_node
+
+    @property
+    def sp(self) -> int:
+        return self.ulysses_sequence_parallel_size
+
+    def group_tokens(self, budget: Optional[int]) -> Optional[int]:
+        """A per-device token budget as the budget of one micro-batch: a sequence-parallel group holds sp x it (verl)."""
+        return None if budget is None else budget * self.sp
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "TrainerSettings":
@@ -240,8 +311,9 @@ class TrainerSettings:
         if not 0.0 <= optim.min_lr_ratio <= 1.0:
             raise ValueError(f"{a}.optim.min_lr_ratio must be in [0, 1], got {optim.min_lr_ratio}")
         rollout_correction = RolloutCorrectionSettings.from_config(cfg)
-        loss_mode = g(f"{a}.policy_loss.loss_mode", "vanilla")
-        _choice(f"{a}.policy_loss.loss_mode", loss_mode, ("vanilla",))
+        loss_mode = _choice(f"{a}.policy_loss.loss_mode", g(f"{a}.policy_loss.loss_mode", "vanilla"),
+                            tuple(POLICY_LOSSES))
+        policy_loss = policy_loss_params(cfg)
         grad_clip = g(f"{a}.grad_clip", 1.0)
         mp = g(f"{a}.fsdp_config.mixed_precision", {}) or {}
         use_kl_loss = bool(g(f"{a}.use_kl_loss", False))
@@ -264,7 +336,9 @@ class TrainerSettings:
             n_gpus_per_node=_positive("trainer.n_gpus_per_node", g("trainer.n_gpus_per_node", 1)),
             node_resource=g("trainer.node_resource", None) or None,
             seed=int(g("trainer.seed", 1)),
-            cpu_threads_per_worker=_positive("trainer.cpu_threads_per_worker", g("trainer.cpu_threads_per_worker", 1)),
+            # null: the pipeline fills in the ranks' share of the cores (config/derived.py cpu_threads); 1 without it
+            cpu_threads_per_worker=_positive("trainer.cpu_threads_per_worker",
+                                             _default(g("trainer.cpu_threads_per_worker", None), 1)),
             model_path=str(g(f"{m}.path")),
             trust_remote_code=bool(g(f"{m}.trust_remote_code", False)),
             override_config=dict(g(f"{m}.override_config", {}) or {}),
@@ -281,6 +355,9 @@ class TrainerSettings:
             param_offload=bool(g(f"{a}.fsdp_config.param_offload", False)),
             optimizer_offload=bool(g(f"{a}.fsdp_config.optimizer_offload", False)),
             ref_param_offload=bool(g(f"{ref}.fsdp_config.param_offload", True)),
+            ulysses_sequence_parallel_size=_positive(f"{a}.ulysses_sequence_parallel_size",
+                                                     g(f"{a}.ulysses_sequence_parallel_size", 1)),
+            lora=lora_settings(cfg),
             rollout_n=_positive(f"{r}.n", g(f"{r}.n", 1)),
             ppo_mini_batch_size=_positive(f"{a}.ppo_mini_batch_size", g(f"{a}.ppo_mini_batch_size")),
             ppo_micro_batch_size_per_gpu=_positive(f"{a}.ppo_micro_batch_size_per_gpu",
@@ -295,6 +372,8 @@ class TrainerSettings:
             clip_ratio_high=float(_first(g(f"{a}.clip_ratio_high", None), g(f"{a}.clip_ratio", 0.2))),
             clip_ratio_c=float(g(f"{a}.clip_ratio_c", 3.0)),
             loss_agg_mode=_choice(f"{a}.loss_agg_mode", g(f"{a}.loss_agg_mode", "token-mean"), LOSS_AGG_MODES),
+            loss_mode=loss_mode,
+            policy_loss=policy_loss,
             entropy_coeff=float(g(f"{a}.entropy_coeff", 0.0)),
             use_kl_loss=use_kl_loss,
             kl_loss_coef=float(g(f"{a}.kl_loss_coef", 0.001)),
@@ -322,6 +401,7 @@ class TrainerSettings:
                                    else _bool(f"{ref}.use_torch_compile", ref_compile)),
             save_hf_model="hf_model" in list(g(f"{a}.checkpoint.save_contents", []) or []),
             true_on_policy_span=span,
+            distillation=_distillation(g("distillation", None)),
         )
         settings.check()
         return settings
@@ -334,6 +414,7 @@ class TrainerSettings:
         if self.clip_ratio_c <= 1.0:
             raise ValueError(f"{a}.clip_ratio_c must be > 1 (dual clip), got {self.clip_ratio_c}")
         _choice(f"{a}.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        _choice(f"{a}.policy_loss.loss_mode", self.loss_mode, tuple(POLICY_LOSSES))
         _choice(f"{a}.kl_loss_type", self.kl_loss_type, KL_TYPES)
         o = self.optim
         if (o.lr_scheduler_type == "cosine" or (o.lr_warmup_steps <= 0 and o.lr_warmup_steps_ratio > 0)) \
@@ -344,6 +425,16 @@ class TrainerSettings:
             )
         if self.use_kl_loss and not self.need_ref:
             raise AssertionError("unreachable: use_kl_loss implies a reference model")
+        if self.sp > 1:
+            if self.world_size % self.sp:
+                raise ValueError(f"{a}.ulysses_sequence_parallel_size={self.sp} does not divide the trainer's "
+                                 f"{self.world_size} ranks")
+            if not self.use_remove_padding:
+                raise ValueError(f"{a}.ulysses_sequence_parallel_size={self.sp} needs packed rows: "
+                                 "actor_rollout_ref.model.use_remove_padding=true")
+            if self.true_on_policy_span is not None:
+                raise ValueError(f"{a}.ulysses_sequence_parallel_size={self.sp} cannot run with "
+                                 "actor_rollout_ref.rollout.true_on_policy (the engine's attention is not split)")
         if self.true_on_policy_span is not None and self.use_torch_compile:
             raise ValueError(f"{a}.use_torch_compile=true cannot run with actor_rollout_ref.rollout.true_on_policy "
                              f"(compiled log-prob kernels change the arithmetic); set it to false")
@@ -356,6 +447,8 @@ class TrainerSettings:
         rc = overrides.get("rollout_correction")
         if isinstance(rc, Mapping):  # partial update of the nested section
             overrides["rollout_correction"] = dataclasses.replace(self.rollout_correction, **dict(rc))
+        if isinstance(overrides.get("policy_loss"), Mapping):  # partial update of the loss keys
+            overrides["policy_loss"] = {**self.policy_loss, **dict(overrides["policy_loss"])}
         updated = dataclasses.replace(self, **overrides)
         if updated.use_kl_loss and not self.need_ref:
             raise ValueError("actor_rollout_ref.actor.use_kl_loss=true needs the reference model, which was not "

@@ -34,12 +34,15 @@ from omegaconf import OmegaConf
 
 from verl_async.config.derived import finish_timeout_s, required_samples
 from verl_async.config.resume import run_facts
+from verl_async.config.verl_v1 import off_policy_wait, oldest_first
 from verl_async.errors import innermost_cause, root_cause
 from verl_async.protocol import RolloutSample, collate_groups
 from verl_async.reward.error_rate import RewardFunctionError
+from verl_async.off_policy import must_wait, trajectory_metrics
 from verl_async.staleness import exceeds_max_staleness
 from verl_async.sync import TIMEOUT_KEY as SYNC_TIMEOUT_KEY
 from verl_async.sync import build_sync_from_config, sync_timeout_s
+from verl_async.trainer.faults import die_in_sync
 from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
 from verl_async.trainer.settings import WORKER_TIMEOUT_S
 from verl_async.utils.timeline import Timeline
@@ -88,6 +91,11 @@ def batch_metrics(groups: Sequence[RolloutSample], version: int, max_response_le
         "critic/score/mean": _mean(rewards),
         "critic/score/max": float(max(rewards)) if rewards else 0.0,
         "critic/score/min": float(min(rewards)) if rewards else 0.0,
+        # verl's rewards: the score as trained (trainer/prepare.py replaces them with the KL-shaped ones when
+        # algorithm.use_kl_in_reward subtracts the KL)
+        "critic/rewards/mean": _mean(rewards),
+        "critic/rewards/max": float(max(rewards)) if rewards else 0.0,
+        "critic/rewards/min": float(min(rewards)) if rewards else 0.0,
         "response_length/mean": _mean(lengths),
         "response_length/max": float(max(lengths)) if lengths else 0.0,
         "response_length/min": float(min(lengths)) if lengths else 0.0,
@@ -115,6 +123,7 @@ class Trainer:
         pad_token_id: int,
         worker_group: Any = None,
         group_source: Optional[Callable[[int], Optional[list[RolloutSample]]]] = None,
+        console_sink: Optional[Callable[[str], None]] = None,
     ) -> None:
         self.cfg = cfg
         self.call_timeout_s = float(cfg.trainer.get("worker_timeout_s", WORKER_TIMEOUT_S))
@@ -128,6 +137,8 @@ class Trainer:
         self.trigger = int(cfg.async_training.trigger_parameter_sync_step)
         self.n = int(cfg.actor_rollout_ref.rollout.n)
         self.max_staleness = cfg.algorithm.get("max_staleness")
+        self.off_policy_wait = off_policy_wait(cfg)  # V1 max_off_policy_strategy=wait: the span it waits at
+        self.oldest_first = oldest_first(cfg)  # V1's sampler order
         self.kl_coef = float(cfg.algorithm.kl_ctrl.kl_coef)  # in-reward KL; moves with kl_ctrl.type=adaptive
         self.algorithm = StepAlgorithm.from_config(cfg)
         self.test_freq = int(cfg.trainer.test_freq or -1)
@@ -139,11 +150,15 @@ class Trainer:
             cfg.trainer.logger, os.path.join(run_dir, "tensorboard"),
             project=str(cfg.trainer.project_name), experiment=str(cfg.trainer.experiment_name),
             config=OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else None,
-            console_keys=CONSOLE_KEYS, file_path=os.path.join(run_dir, "metrics.jsonl"),
+            console_keys=CONSOLE_KEYS, file_path=os.path.join(run_dir, "metrics.jsonl"), console_sink=console_sink,
         )
         self.version = 0
         self.step = 0
+        self.local_updates = 0  # optimizer steps since the last push: the engines do not have these weights yet
         self.start_step = 0  # the step restore() resumed at: this process trains steps start_step+1 ...
+        # the trainer step at which each weight version was made: the x of its validation (metrics go by step)
+        self._version_step: dict[int, int] = {0: 0}
+        self._wait_this_step = 0.0  # seconds the last _next_groups waited (verl's timing_s/gen)
         self.resumed_from: Optional[str] = None
         self.dropped_stale = 0
         self.trained_tokens = 0
@@ -152,6 +167,7 @@ class Trainer:
         self.last: dict[str, float] = {}
         self.val_history: list[dict[str, float]] = []
         self.val_failures: list[dict[str, Any]] = []  # {"version", "error"}: logged, training went on
+        self.fault_metrics: dict[str, float] = {}  # fault/trainer_* once this Trainer replaced one that died
         self._val_timeout_s: Optional[float] = None  # the Rollouter's, asked once
         self.val_async = bool(cfg.trainer.get("val_async", True))
         self._val_running: Optional[int] = None  # the version validating beside training (val_async)
@@ -186,13 +202,10 @@ class Trainer:
         if not path:
             open(self._trained_log, "w").close()
             return 0
-        extra = self.wg.load(path)
-        self.version, self.step = int(extra["version"]), int(extra["step"])
+        extra = self._load(path)
         self.resumed_from, self.start_step = path, self.step
-        if str(self.cfg.algorithm.kl_ctrl.type) == "adaptive":  # fixed: the configured value, even if changed
-            self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
         queued = extra.get("queue", [])
-        self._call(self.queue.restore.remote(queued), "the queue's restore")
+        self._call(self.queue.restore.remote(queued, path), "the queue's restore")
         redo = 0
         if self.rollouter is not None and extra.get("rollouter") is not None:
             redo = self._call(self.rollouter.load_state_dict.remote(extra["rollouter"], [g["uid"] for g in queued]),
@@ -200,10 +213,35 @@ class Trainer:
         elif self.rollouter is not None:  # written by a train-only run (debug.load_rollout_data)
             logger.warning("%s holds no Rollouter state (a train-only checkpoint): the data starts at its beginning",
                            path)
-        self._truncate_trained_log(self.step)
-        logger.info("resumed from %s: version %d, step %d, %d queued groups, %d prompts to regenerate",
+        logger.info("resumed from %s: version %d, step %d, %d queued groups, %d prompts to continue",
                     path, self.version, self.step, len(queued), redo)
         return self.version
+
+    def restore_after_restart(self, path: Optional[str], start_step: int) -> int:
+        """The trainer side restarted (healing/trainer.py): the weights and counters of `path` (None: the model as
+        the run started), nothing else. The queue (rewound to that checkpoint) and the Rollouter lived on; their
+        groups count against it. `start_step`: where this run's process started (the summary counts from there)."""
+        if path:
+            self._load(path)
+        else:
+            self.version, self.step = 0, 0
+        self.start_step = int(start_step)
+        self.resumed_from = path
+        return self.version
+
+    def _load(self, path: str) -> dict:
+        extra = self.wg.load(path)
+        self.version, self.step = int(extra["version"]), int(extra["step"])
+        self._version_step = {self.version: self.step}
+        self.tracker.resume(self.step)  # what the abandoned process logged after this step goes (docs/log_formats.md)
+        if str(self.cfg.algorithm.kl_ctrl.type) == "adaptive":  # fixed: the configured value, even if changed
+            self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
+        self._truncate_trained_log(self.step)
+        return extra
+
+    def note_restart(self, restarts: int, recovery_s: float) -> None:
+        """This Trainer replaced one that died (healing/trainer.py): its metrics say so (fault/trainer_*)."""
+        self.fault_metrics = {"fault/trainer_restarts": float(restarts), "fault/trainer_recovery_s": float(recovery_s)}
 
     def _truncate_trained_log(self, step: int) -> None:
         """Keep the record of the `step` steps the checkpoint holds; later ones were lost with the crash."""
@@ -224,6 +262,7 @@ class Trainer:
     def push_weights(self, with_hooks: bool = True) -> dict[str, float]:
         """Sync weights at the current version: a validation still running ends first, the checkpoint (and with
         val_async=false the validation) happens while generation is paused; a due validation starts after."""
+        self.local_updates = 0  # (a failed push ends the run) the engines get the trainer's weights as they are
         if self.sync is None:
             if self.rollouter is not None:  # rollout-only: no weights, just reopen the budget
                 get_within(self.rollouter.resume_after_sync.remote(self.version), sync_timeout_s(self.cfg),
@@ -242,6 +281,7 @@ class Trainer:
 
     def _while_paused(self) -> dict[str, float]:
         """Checkpoint, then (val_async=false) validate: the checkpoint never waits on (or is lost with) a validation."""
+        die_in_sync(self.cfg, self.version)  # debug.fail_trainer's actor:die@sync<V> (fault drills)
         out: dict[str, float] = {}
         if self.save_freq > 0 and self.version % self.save_freq == 0 and self.version > 0:
             out["timing_s/save_checkpoint"] = self.save_checkpoint()
@@ -324,11 +364,12 @@ class Trainer:
     def _log_validation(self, metrics: dict[str, Any], version: int) -> dict[str, float]:
         """`val/*` of `version`, logged at that version's step (however late it finished)."""
         generations = metrics.pop(VAL_GENERATIONS_KEY, None)  # trainer.log_val_generations: not a metric
+        step = self._version_step.get(version, self.step)
         if metrics:
             self.val_history.append({"version": version, **metrics})
-            self.tracker.log(metrics, step=version)
+            self.tracker.log(metrics, step=step)
         if generations:
-            self.tracker.log_generations(generations, step=version)
+            self.tracker.log_generations(generations, step=step)
         return metrics
 
     def _validation_failed(self, error: str, version: Optional[int] = None) -> dict[str, float]:
@@ -353,7 +394,8 @@ class Trainer:
         at_end = 0.0 if self.test_freq <= 0 else validation * (2 if self.val_async else 1)  # + one still running
         return {"validation_s": validation, "finish_s": finish_timeout_s(self.cfg, at_end)}
 
-    def save_checkpoint(self) -> float:
+    def save_checkpoint(self, finished: bool = False) -> float:
+        """Weights, queue, cursor and the run's facts; `finished`: the run ended here (a re-run exits at once)."""
         t0 = time.perf_counter()
         # The Rollouter's pending prompts first, then the queue: a group put between the two calls
         # is then in both (load_state_dict skips pending uids found in the queue), never in neither.
@@ -367,9 +409,34 @@ class Trainer:
             "rollouter": rollouter_state,
         }
         prompts = (rollouter_state or {}).get("iterator", {}).get("num_items")
-        info = run_facts(self.cfg, self.step, self.version, prompts)  # what a resume is checked against
-        self.wg.save_checkpoint(str(self.cfg.trainer.default_local_dir), extra, step=self.version, info=info)
+        info = run_facts(self.cfg, self.step, self.version, prompts, finished=finished)  # what a resume checks
+        path = self.wg.save_checkpoint(str(self.cfg.trainer.default_local_dir), extra, step=self.version, info=info)
+        # the groups taken so far are in it: a trainer restart rewinds the queue to here (healing/trainer.py)
+        self._call(self.queue.checkpointed.remote(path), "the queue's checkpoint mark")
         return time.perf_counter() - t0
+
+    def serve_replica_heals(self) -> None:
+        """Restarted engine replicas wait for the current weights (rollout/healing.py): while the trainer waits for
+        groups anyway and its weights are the engines' version, it pushes them to those replicas alone. When none
+        serves and its weights are ahead of the engines' (between syncs), no group can come before a sync: it syncs."""
+        if self.sync is None or self.rollouter is None:
+            return
+        state = self._call(self.rollouter.replicas_awaiting_weights.remote(), "the Rollouter's healing state")
+        if not state["awaiting"]:
+            return
+        if self.step % self.trigger == 0:  # right after a sync: these weights are the version the engines hold
+            from verl_async.sync.object_store import push_to_waiting_replicas
+
+            t0 = time.perf_counter()
+            joined = push_to_waiting_replicas(self.wg, self.rollouter, self.version,
+                                              int(self.cfg.async_training.sync_bucket_size_mb) << 20, self._call)
+            logger.warning("pushed version %d to restarted engine replica(s) %s in %.1f s; %d rejoined", self.version,
+                           state["awaiting"], time.perf_counter() - t0, joined)
+        elif not state["serving"]:
+            logger.warning("no engine replica serves and replica(s) %s wait for weights: syncing version %d early",
+                           state["awaiting"], self.version + 1)
+            self.version += 1
+            self.push_weights()
 
     def _next_groups(self) -> list[RolloutSample]:
         """Block for `required` groups; [] when the rollouter is done and the queue drained."""
@@ -377,10 +444,14 @@ class Trainer:
             return self.group_source(self.step) or []
         t0 = time.monotonic()
         start = self.timeline.now()
+        order = {"oldest_first": True} if self.oldest_first else {}
         try:
+            self._wait_off_policy()
             while not self._stop.is_set():
+                self.serve_replica_heals()
                 try:
-                    return self._call(self.queue.get_batch.remote(self.required, QUEUE_POLL_S), "the queue's get_batch",
+                    return self._call(self.queue.get_batch.remote(self.required, QUEUE_POLL_S, **order),
+                                      "the queue's get_batch",
                                       extra_s=QUEUE_POLL_S)  # the queue answers TimeoutError after QUEUE_POLL_S
                 except ray.exceptions.RayTaskError as exc:
                     if isinstance(exc.cause, TimeoutError) or "TimeoutError" in str(exc):
@@ -389,8 +460,26 @@ class Trainer:
                     raise
             return []
         finally:
-            self.wait_s += time.monotonic() - t0
+            self._wait_this_step = time.monotonic() - t0
+            self.wait_s += self._wait_this_step
             self.timeline.record("trainer/driver", "wait", start, self.timeline.now(), self.version)
+
+    def _wait_off_policy(self) -> None:
+        """V1 `max_off_policy_strategy=wait`: while a group in flight has spanned the threshold, let it finish
+        (it is then trained first, oldest_first) instead of dropping it. The Rollouter's progress watchdog
+        bounds the wait (a wedged engine fails the run)."""
+        if self.off_policy_wait is None or self.rollouter is None:
+            return
+        logged = False
+        while not self._stop.is_set():
+            oldest = self._call(self.rollouter.oldest_inflight_version.remote(), "the Rollouter's oldest group")
+            if not must_wait(self.version, oldest, self.off_policy_wait):
+                return
+            if not logged:
+                logger.info("version %d: waiting for the groups admitted under version %s (trainer.v1.sampler."
+                            "max_off_policy_threshold=%d, strategy wait)", self.version, oldest, self.off_policy_wait)
+                logged = True
+            time.sleep(QUEUE_POLL_S / 4)
 
     def _check_deadlock(self, waited_s: float) -> None:
         """Raise when neither side can move (a staleness slot that never came back); see STALL_LIMIT_S."""
@@ -421,13 +510,18 @@ class Trainer:
             metrics = self.train_step(groups)
             self.step += 1
             if self.step % self.trigger == 0:
-                self.version += 1
+                self._next_version()
                 metrics.update(self.push_weights())
             metrics.update(self._pipeline_metrics())
+            metrics["training/global_step"] = float(self.step)
             self.last = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-            self.tracker.log(metrics, step=self.version)
+            self.tracker.log(metrics, step=self.step)  # x = trainer step (verl's), fully_async/param_version beside it
             self.collect_validations()
         return self.summary()
+
+    def _next_version(self) -> None:
+        self.version += 1
+        self._version_step[self.version] = self.step
 
     def _end_at_cap(self) -> None:
         """`trainer.total_training_steps` reached: checkpoint while the Rollouter still runs, then stop it.
@@ -437,10 +531,10 @@ class Trainer:
         them, exactly once. Stopping first would cancel them before they were recorded.
         """
         if self.wg is not None and self.step % self.trigger != 0:  # the last updates are not on the engines yet
-            self.version += 1
+            self._next_version()
             self.push_weights(with_hooks=False)
         if self.save_freq > 0 and self.step > self.start_step:
-            self.save_checkpoint()
+            self.save_checkpoint(finished=True)
         self._ended_at_cap = True
         if self.rollouter is not None:
             self._call(self.rollouter.stop.remote(), "the Rollouter's stop")
@@ -452,10 +546,10 @@ class Trainer:
         if self.wg is None:
             return {}
         if self.step % self.trigger != 0 and not self._ended_at_cap:  # the last updates are not on the engines yet
-            self.version += 1
+            self._next_version()
             self.push_weights(with_hooks=False)
         if self.save_freq > 0 and self.step > 0 and not self._ended_at_cap:
-            self.save_checkpoint()
+            self.save_checkpoint(finished=not self._stop.is_set())  # the data ended: a re-run has nothing to train
         if self.test_freq <= 0:
             return {}
         last = self.val_history[-1] if self.val_history else None
@@ -497,6 +591,7 @@ class Trainer:
             "fully_async/trainer_idle_ratio": self.wait_s / wall,
             "fully_async/dropped_stale_groups": float(self.dropped_stale),
             "perf/trained_tokens_per_s": self.trained_tokens / wall,
+            **self.fault_metrics,
         }
         if self.queue is not None:
             stats = self._call(self.queue.stats.remote(), "the queue's stats")
@@ -514,16 +609,18 @@ class Trainer:
             g.validate(self.n)
         batch = collate_groups(groups, self.pad_token_id)
         metrics = batch_metrics(groups, self.version, int(self.cfg.data.max_response_length))
+        metrics.update(trajectory_metrics(groups, self.version))  # verl V1's training/off_policy/* beside ours
         self._save_rollout_data(groups)
         with open(self._trained_log, "a") as f:
             f.write(json.dumps({"step": self.step, "version": self.version, "uids": [g.uid for g in groups]}) + "\n")
         if self.wg is None:  # rollout-only
             return metrics
         prepared, self.kl_coef = prepare_batch(batch, self.algorithm, self.wg, self.kl_coef, self._logprob_span,
-                                                 version=self.version)
+                                                 version=self.version, local_updates=self.local_updates)
         metrics.update(prepared)
         t1 = time.perf_counter()
         metrics.update(self.wg.update(update_input(batch, self.algorithm.recompute_old_log_probs)))
+        self.local_updates += 1
         t2 = time.perf_counter()
         self._save_train_output(batch, metrics)
         mask_tokens = int(batch["attention_mask"].sum())
@@ -532,8 +629,26 @@ class Trainer:
         metrics["timing_s/update_actor"] = t2 - t1
         metrics["timing_s/step"] = time.perf_counter() - t0
         metrics["perf/step_tokens_per_s"] = mask_tokens / max(t2 - t0, 1e-9)
+        metrics.update(self._verl_perf(mask_tokens, metrics["timing_s/step"], t2 - t1))
         self.timeline.record("trainer/driver", "train", step_start, self.timeline.now(), self.version, tokens=mask_tokens)
         return metrics
+
+    def _verl_perf(self, tokens: int, step_s: float, update_s: float) -> dict[str, float]:
+        """verl's timing_s/gen (this step's wait for its groups) and perf/{total_num_tokens, time_per_step,
+        throughput (tokens / s / device), mfu/actor (utils/flops.py; accelerators it knows only)}."""
+        from verl_async.utils.flops import mfu, promised_flops
+
+        devices = max(1, len(getattr(self.wg, "workers", []) or [1]))
+        out = {"timing_s/gen": self._wait_this_step, "perf/total_num_tokens": float(tokens),
+               "perf/time_per_step": step_s + self._wait_this_step,
+               "perf/throughput": tokens / max((step_s + self._wait_this_step) * devices, 1e-9)}
+        info = (getattr(self.wg, "info", None) or [{}])[0]
+        if str(self.cfg.actor_rollout_ref.actor.strategy) != "megatron" and "params" in info:  # FSDP: the full count
+            value = mfu(int(info["params"]), tokens, update_s, devices, promised_flops(info.get("device_name")),
+                        epochs=int(self.cfg.actor_rollout_ref.actor.ppo_epochs))
+            if value is not None:
+                out["perf/mfu/actor"] = value
+        return out
 
     def _logprob_span(self):
         return self.timeline.span("trainer/driver", "logprob", self.version)

@@ -80,6 +80,7 @@ from verl_async.checkpoint import (
 )
 from verl_async.placement import NodePlan, PlacementError, Reservation, reserve
 from verl_async.trainer.fsdp_worker import FSDPWorker
+from verl_async.trainer.loss import loss_data_keys
 from verl_async.trainer.prepare import correction_inputs
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.trainer.token_budget import device_budget, unset_budgets
@@ -279,6 +280,7 @@ class RayWorkerGroup:
 
         n = check_batch(batch, LAYOUT_KEYS, call)
         p_len, r_len = sequence_lengths(batch)
+        max_tokens = self.settings.group_tokens(max_tokens)  # a sequence-parallel group holds sp x the budget
         weights = check_lengths(p_len, r_len, max_tokens if dynamic else None, key)
         plan = plan_forward(weights, self.dp_size, dynamic=dynamic, micro_size=micro, max_tokens=max_tokens)
         ref = ray.put(batch.select(*LAYOUT_KEYS))
@@ -316,17 +318,23 @@ class RayWorkerGroup:
             rollout = batch["rollout_log_probs"] if "rollout_log_probs" in batch.keys() else None
             correction, metrics = correction_inputs(batch["old_log_probs"], rollout, batch["response_mask"], rc)
         p_len, r_len = sequence_lengths(batch)
-        weights = check_lengths(p_len, r_len, s.ppo_max_token_len_per_gpu if s.use_dynamic_bsz else None,
+        max_tokens = s.group_tokens(s.ppo_max_token_len_per_gpu)  # x ulysses_sequence_parallel_size, as in verl
+        weights = check_lengths(p_len, r_len, max_tokens if s.use_dynamic_bsz else None,
                                 "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
         send = {k: batch[k] for k in LAYOUT_KEYS + ("old_log_probs", "advantages")}
         send.update(correction)
         if s.use_kl_loss:
             send["ref_log_prob"] = batch["ref_log_prob"]
+        teacher_keys = loss_data_keys(s.distillation)
+        if teacher_keys:  # distillation: the teachers' scores of every response (rollout side, verl_async/teachers/)
+            self._check_update_batch(batch, list(teacher_keys))
+            send.update({k: batch[k] for k in teacher_keys})
         plans = plan_update(batch["group_index"], weights, send["loss_mask"], mini_groups=s.ppo_mini_batch_size,
                             epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed * 100003 + self.global_step,
                             dp=self.dp_size, dynamic=s.use_dynamic_bsz, micro_size=s.ppo_micro_batch_size_per_gpu,
-                            max_tokens=s.ppo_max_token_len_per_gpu)
-        loss_keys = [k for k in ("loss_mask", "old_log_probs", "advantages", "is_weights", "ref_log_prob") if k in send]
+                            max_tokens=max_tokens)
+        loss_keys = [k for k in ("loss_mask", "old_log_probs", "advantages", "is_weights", "ref_log_prob") + teacher_keys
+                     if k in send]
         from tensordict import TensorDict
 
         ref = ray.put(TensorDict(send, batch_size=batch.batch_size))
@@ -414,7 +422,8 @@ class RayWorkerGroup:
 
 
 class FSDPWorkerGroup(RayWorkerGroup):
-    """FSDP2 ranks (`FSDPWorker`): every rank is a data-parallel rank."""
+    """FSDP2 ranks (`FSDPWorker`): every rank is a data-parallel rank, or with Ulysses sequence parallelism every
+    group of `ulysses_sequence_parallel_size` consecutive ranks is one (trainer/ulysses.py)."""
 
     worker_cls = FSDPWorker
     default_name = "fsdp_actor"

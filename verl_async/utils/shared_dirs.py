@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
 MARKER_DIR = ".verl_async_nodes"
-README_SECTION = 'README "Running on a Ray cluster"'
+README_SECTION = 'docs/cluster.md'
 
 
 class SharedDirError(RuntimeError):

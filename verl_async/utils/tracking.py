@@ -1,6 +1,7 @@
 """Metrics and validation generations to the loggers of `trainer.logger` (verl's names).
 
-Step = parameter version, as verl's fully-async recipe logs it. Only numbers are logged
+Step = the trainer's step (verl's `training/global_step`); `fully_async/param_version` is a metric
+beside it, and a validation is logged at the step its weight version was made. Only numbers are logged
 as metrics; anything else in a metrics dict is ignored so a stray string never kills a
 run. Backends (verl_async/utils/tracking_backends.py): console, tensorboard, wandb,
 mlflow, swanlab and file (JSONL). verl's other backends are refused by validation, and
@@ -17,7 +18,7 @@ import importlib.util
 import math
 import numbers
 import os
-from typing import Any, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence
 
 SUPPORTED_LOGGERS = ("console", "tensorboard", "wandb", "mlflow", "swanlab", "file")
 # verl 0.9's other backends (verl/utils/tracking.py): refused by name, not as unknown
@@ -73,6 +74,7 @@ class Tracker:
         config: Optional[Mapping[str, Any]] = None,
         console_keys: Iterable[str] = (),
         file_path: Optional[str] = None,
+        console_sink: Optional[Callable[[str], None]] = None,
     ) -> None:
         from verl_async.utils import tracking_backends as backends
 
@@ -85,7 +87,7 @@ class Tracker:
             raise ImportError(f"trainer.logger: {missing[0]}")
         run = backends.RunInfo(project=project, experiment=experiment, config=dict(config or {}), log_dir=log_dir,
                                file_path=file_path or os.path.join(log_dir, "metrics.jsonl"),
-                               console_keys=frozenset(console_keys))
+                               console_keys=frozenset(console_keys), console_sink=console_sink)
         self.backends = [backends.BACKENDS[name](run) for name in dict.fromkeys(self.loggers)]
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
@@ -93,6 +95,13 @@ class Tracker:
         finite = {k: v for k, v in values.items() if math.isfinite(v)}
         for backend in self.backends:
             backend.log(values, finite, step)
+
+    def resume(self, step: int) -> None:
+        """A run resumed at `step`: what a crashed process logged after it is dropped where the backend can
+        (the file logger's lines, TensorBoard's events), so each step is logged once."""
+        for backend in self.backends:
+            if hasattr(backend, "resume"):
+                backend.resume(step)
 
     def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
         """Validation samples {input, output, score} at `step` (trainer.log_val_generations)."""

@@ -14,7 +14,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional
 
 from verl_async.utils.val_generations import VAL_GENERATIONS_KEY, format_val_generations
 
@@ -30,29 +30,47 @@ class RunInfo:
     log_dir: str  # TensorBoard event files
     file_path: str  # the file logger's JSONL (VERL_FILE_LOGGER_PATH wins)
     console_keys: FrozenSet[str] = field(default_factory=frozenset)  # empty: print every metric
+    # where console lines go (None: print). The pipeline's Trainer collects them and the driver prints them above
+    # its progress bar: printed in the Trainer's actor, Ray's log forwarding glued them onto the bar's line
+    console_sink: Optional[Callable[[str], None]] = None
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
 
 
 class Console:
     def __init__(self, run: RunInfo) -> None:
         self.keys = run.console_keys
+        self.emit = run.console_sink or _print
 
     def log(self, values: Mapping[str, float], finite: Mapping[str, float], step: int) -> None:
         shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()) if not self.keys or k in self.keys)
-        print(f"[{step:>5}] {shown}", flush=True)
+        self.emit(f"[{step:>5}] {shown}")
 
     def log_generations(self, samples: List[dict], step: int) -> None:
-        print(format_val_generations(samples, step, max_chars=CONSOLE_TEXT_CHARS), flush=True)
+        self.emit(format_val_generations(samples, step, max_chars=CONSOLE_TEXT_CHARS))
 
     def close(self) -> None:
         pass
 
 
 class TensorBoard:
+    """Event files in $TENSORBOARD_DIR when set (verl's variable), else the run folder's tensorboard/."""
+
     def __init__(self, run: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        os.makedirs(run.log_dir, exist_ok=True)
-        self.writer = SummaryWriter(log_dir=run.log_dir)
+        self.log_dir = tensorboard_dir(run.log_dir)
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.writer = SummaryWriter(log_dir=self.log_dir)
+
+    def resume(self, step: int) -> None:
+        """Events after `step` (a crashed process's) are hidden from TensorBoard: purge_step=step+1."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()
+        self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=step + 1)
 
     def log(self, values: Mapping[str, float], finite: Mapping[str, float], step: int) -> None:
         for k, v in finite.items():
@@ -65,6 +83,12 @@ class TensorBoard:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def tensorboard_dir(default: str) -> str:
+    """$TENSORBOARD_DIR (verl/utils/tracking.py reads the same variable; the pipeline hands the driver's value,
+    made absolute, to every worker), else `default`."""
+    return os.environ.get("TENSORBOARD_DIR") or default
 
 
 def _generation_columns(samples: List[dict]) -> List[str]:
@@ -83,8 +107,8 @@ class Wandb:
         self.step = -1  # the highest step logged: wandb drops a log at a lower one
 
     def _log(self, payload: Dict[str, Any], step: int) -> None:
-        if step < self.step:  # a validation that finished beside later steps (trainer.val_async): keep its version
-            self.wandb.log({**payload, "val/version": float(step)})
+        if step < self.step:  # a validation that finished beside later steps (trainer.val_async): keep its step
+            self.wandb.log({**payload, "val/step": float(step)})
             return
         self.step = step
         self.wandb.log(payload, step=step)
@@ -171,6 +195,17 @@ class File:
     def __init__(self, run: RunInfo) -> None:
         self.path = os.environ.get("VERL_FILE_LOGGER_PATH") or run.file_path
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self.fh = open(self.path, "a", encoding="utf-8")
+
+    def resume(self, step: int) -> None:
+        """Keep the lines of steps <= `step` (the checkpoint's); later ones belong to the crashed process."""
+        self.fh.close()
+        with open(self.path, encoding="utf-8") as f:
+            keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(keep)
+        os.replace(tmp, self.path)
         self.fh = open(self.path, "a", encoding="utf-8")
 
     def _write(self, data: Mapping[str, Any], step: int) -> None:

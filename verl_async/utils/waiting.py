@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from typing import Any, Hashable, Iterator, Mapping
 
@@ -47,3 +48,20 @@ def get_within(ref: Any, timeout_s: float, what: str, key: str) -> Any:
     except ray.exceptions.GetTimeoutError:
         raise KeyedTimeout(f"{what} did not answer within {timeout_s:g} s (stuck or dead; raise {key} if it is "
                            "only slow)") from None
+
+
+def resolve(ref: Any, timeout_s: float | None = None) -> Any:
+    """The value of `ref`, as `ray.get(ref, timeout=timeout_s)` gives it, but through the ref's future.
+
+    Ray warns ("Using blocking ray.get inside async actor") about every `ray.get` in an asyncio actor's
+    process, also from a worker thread or its `__init__`, where blocking the calling thread is the point
+    (an engine's weight-loading thread, a replica start awaited before the loop serves). A future's
+    `result` blocks only the calling thread and is no `ray.get`. A timeout raises Ray's GetTimeoutError,
+    so callers catch what they caught before.
+    """
+    import ray
+
+    try:
+        return ref.future().result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise ray.exceptions.GetTimeoutError(f"{ref} did not finish within {timeout_s} s") from None

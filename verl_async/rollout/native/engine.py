@@ -49,9 +49,10 @@ from verl_async.config.derived import rollout_max_model_len
 from verl_async.invariant import attention_span, environment_problem
 from verl_async.rollout.engine import EngineStats, GenerateRequest, GenerateResult, InferenceEngine
 from verl_async.rollout.native.requests import rejected, request_problem
-from verl_async.rollout.native.runner import ModelRunner
+from verl_async.rollout.native.runner import ModelRunner, model_geometry
 from verl_async.rollout.native.sampler import SamplingPlan, sample_with_plan
 from verl_async.rollout.native.scheduler import Scheduler, Sequence
+from verl_async.rollout.native.sizing import DEFAULT_MAX_NUM_SEQS, auto_slots, kv_bytes_per_token
 from verl_async.rollout.native.weights import WeightLoader
 from verl_async.utils import device as device_lib
 
@@ -118,7 +119,7 @@ class NativeEngine(InferenceEngine):
         model: Optional[torch.nn.Module] = None,
         device: str | device_lib.DeviceSpec = "cpu",
         dtype: Any = None,
-        max_num_seqs: int = 64,
+        max_num_seqs: Optional[int] = DEFAULT_MAX_NUM_SEQS,
         max_model_len: Optional[int] = None,
         kv_cache_tokens: Optional[int] = None,
         max_num_batched_tokens: int = 8192,
@@ -134,6 +135,7 @@ class NativeEngine(InferenceEngine):
         version: int = 0,
         check_finite_weights: bool = True,
         true_on_policy: bool = False,
+        gpu_memory_utilization: float = 0.5,
     ) -> None:
         self._spec = device if isinstance(device, device_lib.DeviceSpec) else device_lib.resolve(device)
         if true_on_policy:
@@ -151,6 +153,8 @@ class NativeEngine(InferenceEngine):
         self.max_model_len = int(max_model_len or limit or 4096)
         if limit and self.max_model_len > limit:
             logger.warning("native engine: max_model_len %d exceeds max_position_embeddings %d", self.max_model_len, limit)
+        if max_num_seqs is None:  # sized: from kv_cache_tokens, from free memory on CUDA (sizing.py), else 64
+            max_num_seqs = self._auto_max_num_seqs(model, kv_cache_tokens, gpu_memory_utilization)
         if max_num_seqs < 1:
             raise ValueError(f"native engine: max_num_seqs must be >= 1, got {max_num_seqs}")
         budget = int(kv_cache_tokens) if kv_cache_tokens else max_num_seqs * self.max_model_len
@@ -221,6 +225,26 @@ class NativeEngine(InferenceEngine):
             ids.extend([eos] if isinstance(eos, int) else list(eos))
         return ids
 
+    def _auto_max_num_seqs(self, model: torch.nn.Module, kv_cache_tokens: Optional[int],
+                           gpu_memory_utilization: float) -> int:
+        """max_num_seqs=null: kv_cache_tokens' slots when given; on CUDA the slots free memory holds; else 64."""
+        if kv_cache_tokens:
+            return max(1, int(kv_cache_tokens) // self.max_model_len)
+        if self._spec.kind != "cuda":
+            return DEFAULT_MAX_NUM_SEQS
+        geo = model_geometry(model.config)
+        dtype_bytes = next(model.parameters()).element_size()
+        weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+        free, total = torch.cuda.mem_get_info(self._spec.torch_device)
+        slots, why = auto_slots(free_bytes=free, total_bytes=total, weight_bytes=weights,
+                                gpu_memory_utilization=float(gpu_memory_utilization),
+                                bytes_per_token=kv_bytes_per_token(geo["num_layers"], geo["num_kv_heads"],
+                                                                   geo["head_dim"], dtype_bytes),
+                                max_model_len=self.max_model_len)
+        logger.warning("native engine: max_num_seqs=null: %s (set actor_rollout_ref.rollout.max_num_seqs to fix it)",
+                       why)
+        return slots
+
     @classmethod
     def from_config(
         cls,
@@ -242,7 +266,8 @@ class NativeEngine(InferenceEngine):
         get = rollout_cfg.get
         max_model_len = rollout_max_model_len(rollout_cfg)
         kwargs: dict[str, Any] = {
-            "max_num_seqs": int(get("max_num_seqs", 64)),
+            "max_num_seqs": None if get("max_num_seqs") is None else int(get("max_num_seqs")),
+            "gpu_memory_utilization": float(get("gpu_memory_utilization", 0.5) or 0.5),
             "max_model_len": max_model_len,
             "kv_cache_tokens": get("kv_cache_tokens"),
             "max_num_batched_tokens": int(get("max_num_batched_tokens", 8192)),

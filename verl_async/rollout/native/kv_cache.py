@@ -6,7 +6,8 @@ slots `0..B-1` (compacting when one leaves), so the decode batch's keys are a ze
 view `k[:B, :, :L]` that SDPA reads directly, the shapes are static per (B, L) bucket
 (CUDA graphs) and nothing is ever allocated after start-up (no OOM mid-run by design).
 
-HF attention layers call exactly one method on `past_key_values`: `update(k, v, layer_idx)`,
+HF attention layers call exactly one method on the cache they get (`cache=`, or `past_key_values=` on
+older transformers): `update(k, v, layer_idx)`,
 which must store the new keys/values and return the keys/values to attend to (transformers 4.x
 models also ask `get_seq_length()` to derive a `cache_position` nothing here uses). This class
 implements it for two modes the runner switches between before each forward:

@@ -16,13 +16,15 @@ models decode through the HF forward.
 `true_on_policy_span` (true on-policy mode, verl_async.invariant): the model is patched with the
 batch-invariant kernels the trainer uses, prefill and decode both run the HF forward (no
 FastDecoder, no torch.compile: fusions change the arithmetic), cache slots hold `span` positions
-and every decode step attends over all of them (one KV length: the attention's reductions have
-the trainer's shapes). CUDA graphs stay: they replay those same kernels.
+and on CUDA every decode step attends over all of them (one KV length: the attention's reductions
+have the trainer's shapes; on CPU its sums are exact, so a step reads only the keys in use). CUDA
+graphs stay: they replay those same kernels.
 """
 
 from __future__ import annotations
 
 import bisect
+import inspect
 import logging
 from typing import Callable, Optional
 
@@ -48,6 +50,13 @@ def batch_buckets(max_batch: int) -> list[int]:
         b = b * 2 if b < 16 else (b + b // 2 + 7) // 8 * 8
     sizes.append(max_batch)
     return sizes
+
+
+def cache_keyword(module: torch.nn.Module) -> str:
+    """The keyword an HF forward takes its KV cache by, read from its signature: `cache` where transformers has
+    renamed it (5.24 warns on every call with `past_key_values`, removed in 5.40), `past_key_values` on older
+    releases (the floor, 4.56.2, would drop an unknown `cache` into **kwargs silently)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def model_geometry(config) -> dict:
@@ -90,7 +99,7 @@ class ModelRunner:
             if compile_decode:
                 raise ValueError("native engine: compile_decode cannot run in true on-policy mode (fusions change the "
                                  "arithmetic); drop engine_kwargs.native.compile_decode")
-            make_invariant(model, true_on_policy_span)
+            make_invariant(model, true_on_policy_span, keep_weight_grids=True)
             slot_len, fast_decode = int(true_on_policy_span), False
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in SUPPORTED_ATTENTION and not self.invariant:
@@ -119,6 +128,8 @@ class ModelRunner:
         plain = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
         self._decoder = model.get_decoder() if plain else None
         self._head = model.get_output_embeddings() if plain else None
+        self._model_cache_kw = cache_keyword(model)
+        self._decoder_cache_kw = cache_keyword(self._decoder) if self._decoder is not None else self._model_cache_kw
         # The decode step: FastDecoder (few kernels, same numbers) when the model is one it knows, else HF's forward.
         self._fast: Optional[FastDecoder] = None
         if fast_decode:
@@ -234,11 +245,11 @@ class ModelRunner:
             device=dev,
         )
         self.cache.set_prefill(torch.tensor(slots, device=dev), width)
-        inputs = dict(input_ids=ids, position_ids=positions, attention_mask=masks, past_key_values=self.cache, use_cache=True)
+        inputs = dict(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=True)
         rows = torch.arange(len(prompts), device=dev)
         if self._head is None:
-            return self.model(**inputs).logits[rows, last].float()
-        hidden = self._decoder(**inputs).last_hidden_state
+            return self.model(**inputs, **{self._model_cache_kw: self.cache}).logits[rows, last].float()
+        hidden = self._decoder(**inputs, **{self._decoder_cache_kw: self.cache}).last_hidden_state
         return self._head(hidden[rows, last]).float()
 
     # ------------------------------------------------------------------ decode
@@ -258,8 +269,8 @@ class ModelRunner:
             input_ids=ids[:, None],
             position_ids=positions[:, None],
             attention_mask=masks,
-            past_key_values=self.cache,
             use_cache=True,
+            **{self._model_cache_kw: self.cache},
         )
         return out.logits[:, -1].float()
 
@@ -275,7 +286,7 @@ class ModelRunner:
     def kv_len_for(self, max_position: int) -> int:
         """Keys a decode step reads per row: exact in eager mode, bucketed when replaying graphs."""
         need = max_position + 1
-        if self.invariant:
+        if self.invariant and self.device.kind != "cpu":  # CUDA's fixed shapes; CPU's exact sums read what is used
             return self.cache.slot_len
         if not self.static_decode:
             return need
