@@ -20,7 +20,7 @@ MARKER = re.compile(r"^<!-- gpu-command(-unmeasured)?: ([\w.-]+) -->$")
 TIME = re.compile(r"\*\*[\d,.]+ ?(s|min|minutes)\*\*|\btook \*\*[\d,.]+|\b\d+(\.\d+)? ?s\b")
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 TWO_COMMANDS = ('bash scripts/setup.sh && .venv/bin/python -m recipe.fully_async_main',
-                'bash scripts/setup.sh && .venv/bin/python -m pytest -q -m "not slow"')
+                'bash scripts/setup.sh && .venv/bin/python -m pytest -q -m "not slow" -n 2 --dist loadscope')
 
 
 def marked_blocks() -> list[tuple[Path, str, bool, str]]:

@@ -197,8 +197,7 @@ def test_ctrl_c_without_checkpoints_says_nothing_can_be_resumed(tmp_path, tiny_m
 
 # --------------------------------------------------------------------------- --help
 def test_help_shows_what_a_user_needs_before_the_full_config():
-    proc = subprocess.run([sys.executable, "-m", "recipe.fully_async_main", "--help"], cwd=REPO_ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = run_entry("--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
     first, _, rest = proc.stdout.partition("== Config ==")
     assert rest, "Hydra's full config dump follows"

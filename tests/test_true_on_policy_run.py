@@ -7,7 +7,8 @@ every step (`mismatch/train_rollout_logprob_abs_diff_max` is 0.0) and the first 
 is exactly 1 (`actor/first_minibatch_ratio_dev_max` 0.0: the training forward reproduces the no-grad
 one). The weights move between versions (AdamW's weight decay at least) and reach the engine after
 every step. The same run with the mode off shows a nonzero gap, so the metrics are not vacuous. The
-run is started without the mode's BLAS environment (CPU needs none: its sums are exact).
+run is started without the mode's BLAS environment (CPU needs none: its sums are exact), as a process of its
+own; the other two runs call the command in the test process on the session's Ray (tests/entry_point.py).
 
 Fully async, in issue 41's shape (n=3, max_num_seqs=5, mini-batches of 3, a 700-token micro-batch
 budget, a sync every 2 steps, rollout correction with rejection on): every token of the trainer's
@@ -25,6 +26,7 @@ import sys
 
 import pytest
 
+from tests.entry_point import run_main
 from verl_async.data import builtin, write_rows
 from verl_async.invariant import PROCESS_ENV
 
@@ -53,7 +55,10 @@ FULLY_ASYNC = ["async_training.staleness_threshold=0.5", "async_training.partial
 
 
 def run_metrics(tmp_path, model_dir: str, train_file: str, on: bool, schedule: list[str] = ON_POLICY,
-                steps: int = STEPS) -> list[dict]:
+                steps: int = STEPS, own_process: bool = False) -> list[dict]:
+    """The command's metrics per step. `own_process`: a fresh interpreter with a Ray of its own, as a user starts it
+    (the pipeline hands its workers the mode's environment); else the command runs in this process on the test
+    session's Ray (tests/entry_point.py: the same run without an interpreter and a Ray start of its own)."""
     run_dir = tmp_path / "run"
     base = [
         f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={train_file}", "data.val_files=null",
@@ -67,10 +72,13 @@ def run_metrics(tmp_path, model_dir: str, train_file: str, on: bool, schedule: l
         f"actor_rollout_ref.rollout.true_on_policy={str(on).lower()}",
     ]
     overrides = {o.split("=", 1)[0]: o for o in [*base, *schedule]}  # the schedule's value of a key wins
-    cmd = [sys.executable, "-m", "recipe.fully_async_main", *overrides.values()]
     env = {k: v for k, v in os.environ.items() if k not in PROCESS_ENV}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=840,
-                          env={**env, "PYTHONUNBUFFERED": "1"})
+    if own_process:
+        cmd = [sys.executable, "-m", "recipe.fully_async_main", *overrides.values()]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=840,
+                              env={**env, "PYTHONUNBUFFERED": "1"})
+    else:
+        proc = run_main(list(overrides.values()), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(run_dir / "metrics.jsonl") as f:
         lines = [json.loads(line)["data"] for line in f if line.strip()]
@@ -80,17 +88,17 @@ def run_metrics(tmp_path, model_dir: str, train_file: str, on: bool, schedule: l
 
 
 def test_rollout_and_recomputed_log_probs_are_equal_at_every_step(tmp_path, tiny_model_dir, train_file):
-    for m in run_metrics(tmp_path, tiny_model_dir, train_file, on=True):
+    for m in run_metrics(tmp_path, tiny_model_dir, train_file, on=True, own_process=True):
         assert m["mismatch/train_rollout_logprob_abs_diff_max"] == 0.0, m
         assert m["actor/first_minibatch_ratio_dev_max"] == 0.0, m
 
 
-def test_with_the_mode_off_the_same_run_shows_a_gap(tmp_path, tiny_model_dir, train_file):
+def test_with_the_mode_off_the_same_run_shows_a_gap(ray_session, tmp_path, tiny_model_dir, train_file):
     steps = run_metrics(tmp_path, tiny_model_dir, train_file, on=False)
     assert max(m["mismatch/train_rollout_logprob_abs_diff_max"] for m in steps) > 0.0
 
 
-def test_fully_async_tokens_of_the_trainers_version_are_equal(tmp_path, tiny_model_dir, train_file):
+def test_fully_async_tokens_of_the_trainers_version_are_equal(ray_session, tmp_path, tiny_model_dir, train_file):
     steps = run_metrics(tmp_path, tiny_model_dir, train_file, on=True, schedule=FULLY_ASYNC, steps=4 * STEPS // 3)
     measured = [m for m in steps if "mismatch/same_version_logprob_abs_diff_max" in m]
     assert measured, "no step trained on a token of its own version"
