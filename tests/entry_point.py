@@ -85,3 +85,22 @@ def run_main(args: Sequence[str], *, env: Optional[Mapping[str, str]] = None, cw
             sys.argv = saved_argv
     returncode = 0 if code is None else code if isinstance(code, int) else 1
     return subprocess.CompletedProcess([sys.executable, *ENTRY, *args], returncode, out.getvalue(), err.getvalue())
+
+
+FRESH_ENV = "VERL_ASYNC_TEST_FRESH_PROCESS"
+
+
+def ran_in_a_fresh_process(request, timeout_s: float = 900) -> bool:
+    """For a test that must be its process's only Ray driver (it starts a cluster of its own and joins it): when a
+    test before it in this process (this xdist worker) joined the session's Ray, run it again alone in a fresh
+    interpreter and assert that it passed there; True then, and the caller returns. False: run the body here."""
+    import ray
+
+    nodeid = request.node.nodeid
+    if not ray.is_initialized() or os.environ.get(FRESH_ENV) == nodeid:
+        return False
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", nodeid],
+                          cwd=str(request.config.rootpath), env=dict(os.environ, **{FRESH_ENV: nodeid}),
+                          capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    return True

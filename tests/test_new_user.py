@@ -2,7 +2,8 @@
 folder. A run whose every group is filtered fails in one line instead of "done: 0 steps trained"; the next run,
 pointed at the same folder, gets a folder of its own and says so; its metrics go by trainer step (console,
 metrics.jsonl, TensorBoard) with verl's names beside ours; the same command again has nothing to train and ends
-at once, before Ray starts."""
+at once, before Ray starts. The second run is a process of its own (its actors' console lines reach its stdout);
+the first and third call the same command in the test process (tests/entry_point.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 
 import pytest
 
+from tests.entry_point import run_main
 from tests.test_entry import _env
 from verl_async.config.cli import REPO_ROOT
 from verl_async.data import builtin, write_rows
@@ -21,12 +23,18 @@ from verl_async.data import builtin, write_rows
 pytestmark = pytest.mark.slow
 
 
+def in_this_process(*args: str) -> subprocess.CompletedProcess:
+    """The same command in the test process, on the session's Ray (tests/entry_point.py): for a run whose every
+    line to check is the driver's (the actors' console lines reach a command's own stdout only)."""
+    return run_main(list(args), env=_env(RAY_DEDUP_LOGS="0"), cwd=str(REPO_ROOT))
+
+
 def entry(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "recipe.fully_async_main", *args], cwd=REPO_ROOT,
                           env=_env(RAY_DEDUP_LOGS="0"), capture_output=True, text=True, timeout=timeout)
 
 
-def test_a_new_users_three_runs_in_one_folder(tmp_path, tiny_model_dir):
+def test_a_new_users_three_runs_in_one_folder(ray_session, tmp_path, tiny_model_dir):
     train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
     rows = builtin.generate_rows("train", 8, seed=3)
     write_rows(rows, str(train))
@@ -37,8 +45,8 @@ def test_a_new_users_three_runs_in_one_folder(tmp_path, tiny_model_dir):
               f"trainer.default_local_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}"]
 
     # 1. a random model never answers right: DAPO's filter drops every group; it "succeeded" with 0 steps
-    filtered = entry(*common, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
-                     "trainer.val_before_train=false", "trainer.test_freq=-1")
+    filtered = in_this_process(*common, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
+                               "trainer.val_before_train=false", "trainer.test_freq=-1")
     assert filtered.returncode == 1, filtered.stdout[-3000:] + filtered.stderr[-3000:]
     last = filtered.stderr.strip().splitlines()[-1]
     assert last.startswith("run failed: trained 0 steps: algorithm.filter_groups dropped every group generated (8): "
@@ -79,7 +87,7 @@ def test_a_new_users_three_runs_in_one_folder(tmp_path, tiny_model_dir):
 
     # 3. the same command again: its run is finished; it says so at once, Ray never starts
     t0 = time.monotonic()
-    again = entry(*args)
+    again = in_this_process(*args)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert again.stdout.strip().splitlines()[-1].startswith(f"nothing to train: {own}/global_step_2/actor is the end "
                                                           "of this run (step 4 of 4)"), again.stdout[-2000:]

@@ -89,17 +89,36 @@ def sync_run(ray_session, tmp_path_factory, tiny_model_dir, data_files):
     return root, summary, pattern
 
 
-def test_synchronous_baseline_is_strictly_on_policy(sync_run):
-    root, summary, pattern = sync_run
-    log = trained_log(root)
-    assert summary["trainer/steps"] == 4 and summary["trainer/version"] == 4
-    for step, entry in enumerate(log):
-        for group in saved_groups(pattern, len(log))[step]:
-            versions = {v for r in group["responses"] for v in r["versions"]}
-            # every token of every group trained at version v was sampled by version v
-            assert versions <= {entry["version"]}, (step, entry["version"], versions)
-            assert len(group["responses"]) == 2
-    assert os.path.exists(summary["timeline"])
+class TestSynchronousRun:
+    """One synchronous run (sync_run): strictly on-policy, and its validations logged."""
+
+    def test_synchronous_baseline_is_strictly_on_policy(self, sync_run):
+        root, summary, pattern = sync_run
+        log = trained_log(root)
+        assert summary["trainer/steps"] == 4 and summary["trainer/version"] == 4
+        for step, entry in enumerate(log):
+            for group in saved_groups(pattern, len(log))[step]:
+                versions = {v for r in group["responses"] for v in r["versions"]}
+                # every token of every group trained at version v was sampled by version v
+                assert versions <= {entry["version"]}, (step, entry["version"], versions)
+                assert len(group["responses"]) == 2
+        assert os.path.exists(summary["timeline"])
+
+    def test_validation_generations_reach_tensorboard_and_the_file_logger(self, sync_run):
+        """trainer.log_val_generations=2 across Ray: the Rollouter picks them, the Trainer's tracker writes them."""
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        tmp_path = sync_run[0]
+        lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        shown = [(x["step"], x["data"]["val/generations"]) for x in lines if "val/generations" in x["data"]]
+        assert [step for step, _ in shown] == [2, 4]  # test_freq=2 over 4 versions; the end reuses version 4's
+        assert all(len(samples) == 2 and set(samples[0]) == {"input", "output", "score"} for _, samples in shown)
+        assert [x["step"] for x in lines if "val/mean@1/acc" in x["data"]] == [2, 4]  # the metrics, logged apart
+        events = [f for f in os.listdir(tmp_path / "run" / "tensorboard") if f.startswith("events")]
+        acc = EventAccumulator(str(tmp_path / "run" / "tensorboard" / events[0]), size_guidance={"tensors": 0})
+        acc.Reload()
+        texts = acc.Tensors("val/generations/text_summary")
+        assert [t.step for t in texts] == [2, 4] and shown[0][1][0]["input"] in texts[0].tensor_proto.string_val[0].decode()
 
 
 @pytest.fixture(scope="module")
@@ -125,30 +144,43 @@ def async_run(ray_session, tmp_path_factory, tiny_model_dir, data_files):
     return root, summary, pattern
 
 
-def test_async_run_trains_every_prompt_once_in_complete_groups(async_run):
-    tmp_path, _, pattern = async_run
-    log = trained_log(tmp_path)
-    uids = [u for entry in log for u in entry["uids"]]
-    assert len(uids) == 8 and len(set(uids)) == 8
-    for entry, groups in zip(log, saved_groups(pattern, len(log))):
-        for g in groups:
-            assert len(g["responses"]) == 2
-            min_version = min((v for r in g["responses"] for v in r["versions"]), default=g["param_version_start"])
-            lived = g["param_version_end"] - g["param_version_start"]
-            assert entry["version"] - min_version <= math.ceil(1.0) + lived
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+class TestAsyncRun:
+    """One fully async run with a flaky scorer (async_run): exactly once, staleness bound, scorer errors counted."""
 
-    events = [f for f in os.listdir(tmp_path / "run" / "tensorboard") if f.startswith("events")]
-    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard" / events[0]))
-    acc.Reload()
-    tags = set(acc.Tags()["scalars"])
-    for tag in ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "fully_async/staleness/mean",
-                "fully_async/param_version", "fully_async/queue_size", "timing_s/param_sync",
-                "fully_async/trainer_idle_ratio", "rollout/idle_ratio", "perf/trained_tokens_per_s",
-                "response_length/mean"]:
-        assert tag in tags, tag
-    # bypass mode (the default): the old log-probs are the rollout's, no mismatch is measured or logged
-    assert not [t for t in tags if t.startswith("mismatch/")]
+    def test_async_run_trains_every_prompt_once_in_complete_groups(self, async_run):
+        tmp_path, _, pattern = async_run
+        log = trained_log(tmp_path)
+        uids = [u for entry in log for u in entry["uids"]]
+        assert len(uids) == 8 and len(set(uids)) == 8
+        for entry, groups in zip(log, saved_groups(pattern, len(log))):
+            for g in groups:
+                assert len(g["responses"]) == 2
+                min_version = min((v for r in g["responses"] for v in r["versions"]), default=g["param_version_start"])
+                lived = g["param_version_end"] - g["param_version_start"]
+                assert entry["version"] - min_version <= math.ceil(1.0) + lived
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = [f for f in os.listdir(tmp_path / "run" / "tensorboard") if f.startswith("events")]
+        acc = EventAccumulator(str(tmp_path / "run" / "tensorboard" / events[0]))
+        acc.Reload()
+        tags = set(acc.Tags()["scalars"])
+        for tag in ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "fully_async/staleness/mean",
+                    "fully_async/param_version", "fully_async/queue_size", "timing_s/param_sync",
+                    "fully_async/trainer_idle_ratio", "rollout/idle_ratio", "perf/trained_tokens_per_s",
+                    "response_length/mean"]:
+            assert tag in tags, tag
+        # bypass mode (the default): the old log-probs are the rollout's, no mismatch is measured or logged
+        assert not [t for t in tags if t.startswith("mismatch/")]
+
+    def test_scorer_exceptions_are_counted_and_the_run_continues(self, async_run):
+        tmp_path, summary, _ = async_run
+        assert summary["trainer/steps"] == 4
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        folder = tmp_path / "run" / "tensorboard"
+        acc = EventAccumulator(str(folder / [f for f in os.listdir(folder) if f.startswith("events")][0]))
+        acc.Reload()
+        assert acc.Scalars("reward/scorer_errors")[-1].value > 0
 
 
 @pytest.fixture(scope="module")
@@ -184,180 +216,160 @@ def train_only_runs(ray_session, tmp_path_factory, tiny_model_dir, data_files, s
     return root, first, checkpoint_1, second
 
 
-def test_train_only_replays_saved_rollouts(ray_session, tmp_path, tiny_model_dir, data_files, saved_rollouts,
-                                           train_only_runs):
-    run_pipeline(tmp_path, tiny_model_dir, data_files, *train_only_command(tmp_path, saved_rollouts, 0, 1))
-    outputs = [str(folder / "train" / "step0_rank0.pt") for folder in (train_only_runs[0], tmp_path)]
-    # Same inputs, same seed: the two train-only runs agree to the bit.
-    result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "compare_train_output.py"), *outputs],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "identical" in result.stdout
+class TestTrainOnly:
+    """Train-only runs over a rollout-only run's saved groups (saved_rollouts, train_only_runs)."""
+
+    def test_train_only_replays_saved_rollouts(self, ray_session, tmp_path, tiny_model_dir, data_files, saved_rollouts,
+                                               train_only_runs):
+        run_pipeline(tmp_path, tiny_model_dir, data_files, *train_only_command(tmp_path, saved_rollouts, 0, 1))
+        outputs = [str(folder / "train" / "step0_rank0.pt") for folder in (train_only_runs[0], tmp_path)]
+        # Same inputs, same seed: the two train-only runs agree to the bit.
+        result = subprocess.run(
+            [sys.executable, os.path.join(REPO, "scripts", "compare_train_output.py"), *outputs],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "identical" in result.stdout
+
+    def test_train_only_checkpoints_and_resumes_like_a_normal_run(self, train_only_runs, saved_rollouts):
+        """debug.load_rollout_data: the checkpoints of save_freq are written, and a second run resumes from them."""
+        root, first, checkpoint_1, second = train_only_runs
+        assert first["trainer/steps"] == 2 and first["trainer/version"] == 1  # a sync every 2 steps
+        assert checkpoint_1
+        # the same run directory, more data: the run resumes at step 2, version 1
+        assert second["trainer/steps"] == 4 and second["trainer/version"] == 2
+        assert os.path.exists(root / "run" / "global_step_2" / "actor")
+        saved = [[g["uid"] for g in groups] for groups in saved_groups(saved_rollouts, 4)]
+        assert [(e["step"], e["uids"]) for e in trained_log(root)] == list(enumerate(saved))
 
 
-def test_train_only_checkpoints_and_resumes_like_a_normal_run(train_only_runs, saved_rollouts):
-    """debug.load_rollout_data: the checkpoints of save_freq are written, and a second run resumes from them."""
-    root, first, checkpoint_1, second = train_only_runs
-    assert first["trainer/steps"] == 2 and first["trainer/version"] == 1  # a sync every 2 steps
-    assert checkpoint_1
-    # the same run directory, more data: the run resumes at step 2, version 1
-    assert second["trainer/steps"] == 4 and second["trainer/version"] == 2
-    assert os.path.exists(root / "run" / "global_step_2" / "actor")
-    saved = [[g["uid"] for g in groups] for groups in saved_groups(saved_rollouts, 4)]
-    assert [(e["step"], e["uids"]) for e in trained_log(root)] == list(enumerate(saved))
+class TestReplicaKilledForGood:
+    def test_a_replica_killed_for_good_with_no_other_stops_the_run_with_the_cause(self, ray_session, tmp_path,
+                                                                                  tiny_model_dir, data_files):
+        """`ray.kill` ends a replica for good (Ray does not restart it): its healing fails, it is retired, and with no
+        other replica the run stops naming it (a replica that Ray restarts heals: tests/test_healing_drills.py)."""
+        def kill_a_replica():
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("verl_async_replica")]
+                log = tmp_path / "run" / "trained_uids.jsonl"
+                if names and log.exists() and log.read_text().strip():  # training is under way
+                    time.sleep(0.5)
+                    ray.kill(ray.get_actor(names[0]))
+                    return
+                time.sleep(0.2)
+
+        killer = threading.Thread(target=kill_a_replica, daemon=True)
+        killer.start()
+        with pytest.raises(PipelineError, match=r"(?s)rollouter failed: EngineFailure: every engine replica is out of "
+                                                r"rotation \(replica 0: its restart failed: ActorDiedError.*EngineReplica"):
+            # Enough epochs that the run is still generating when the replica dies, however fast the machine.
+            run_pipeline(tmp_path, tiny_model_dir, data_files, "rollout.total_epochs=100", "rollout.total_rollout_steps=800",
+                         "data.max_response_length=48")
+        killer.join(timeout=10)
 
 
-def test_a_replica_killed_for_good_with_no_other_stops_the_run_with_the_cause(ray_session, tmp_path, tiny_model_dir,
-                                                                              data_files):
-    """`ray.kill` ends a replica for good (Ray does not restart it): its healing fails, it is retired, and with no
-    other replica the run stops naming it (a replica that Ray restarts heals: tests/test_healing_drills.py)."""
-    def kill_a_replica():
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("verl_async_replica")]
-            log = tmp_path / "run" / "trained_uids.jsonl"
-            if names and log.exists() and log.read_text().strip():  # training is under way
-                time.sleep(0.5)
-                ray.kill(ray.get_actor(names[0]))
-                return
+class TestKilledDriver:
+    def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(self, ray_session, tmp_path, tiny_model_dir,
+                                                                       data_files):
+        """SIGKILL the whole run (a process of its own, with its own Ray) after its second checkpoint, resume (the same
+        command in this process, on the session's Ray: tests/entry_point.py), count: every prompt once."""
+        command = overrides(tmp_path, tiny_model_dir, data_files,
+                            "rollout.total_rollout_steps=16", "trainer.save_freq=1", "trainer.resume_mode=auto",
+                            "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
+                            "data.max_response_length=24", "ray_init.num_cpus=2")
+        command = [a if not a.startswith("trainer.logger=") else "trainer.logger=[tensorboard,file]" for a in command]
+        args = [sys.executable, "-m", "recipe.fully_async_main", *command]
+        env = dict(os.environ, PYTHONPATH=REPO, RAY_DEDUP_LOGS="0")
+        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        marker = tmp_path / "run" / "global_step_3" / "actor" / "meta.json"
+        deadline = time.time() + 240
+        while time.time() < deadline and not marker.exists() and proc.poll() is None:
             time.sleep(0.2)
+        assert marker.exists(), "no checkpoint before the deadline: " + (proc.stderr.read().decode()[-3000:] if proc.poll() is not None else "")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        resumed = run_main(command)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        said = re.search(r"resuming from \S+/global_step_\d+/actor \(step (\d+) of 8\)", resumed.stdout)  # 16 / 2
+        assert said, resumed.stdout[-3000:]
+        k = int(said.group(1))
+        assert f"{8 - k} steps trained (resumed at step {k}, now at step 8)" in resumed.stdout, resumed.stdout[-2000:]
+        uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
+        counts = collections.Counter(uids)
+        assert len(counts) == 16 and set(counts.values()) == {1}, counts
+        # no line of the killed process after its checkpoint is left: each step logged once, by step (issue 42, item 7)
+        with open(tmp_path / "run" / "metrics.jsonl") as f:
+            steps = [json.loads(line)["step"] for line in f if "training/global_step" in line]
+        assert steps == list(range(1, 9)), steps
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    killer = threading.Thread(target=kill_a_replica, daemon=True)
-    killer.start()
-    with pytest.raises(PipelineError, match=r"(?s)rollouter failed: EngineFailure: every engine replica is out of "
-                                            r"rotation \(replica 0: its restart failed: ActorDiedError.*EngineReplica"):
-        # Enough epochs that the run is still generating when the replica dies, however fast the machine.
-        run_pipeline(tmp_path, tiny_model_dir, data_files, "rollout.total_epochs=100", "rollout.total_rollout_steps=800",
-                     "data.max_response_length=48")
-    killer.join(timeout=10)
-
-
-def test_scorer_exceptions_are_counted_and_the_run_continues(async_run):
-    tmp_path, summary, _ = async_run
-    assert summary["trainer/steps"] == 4
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    folder = tmp_path / "run" / "tensorboard"
-    acc = EventAccumulator(str(folder / [f for f in os.listdir(folder) if f.startswith("events")][0]))
-    acc.Reload()
-    assert acc.Scalars("reward/scorer_errors")[-1].value > 0
-
-
-def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(ray_session, tmp_path, tiny_model_dir, data_files):
-    """SIGKILL the whole run (a process of its own, with its own Ray) after its second checkpoint, resume (the same
-    command in this process, on the session's Ray: tests/entry_point.py), count: every prompt once."""
-    command = overrides(tmp_path, tiny_model_dir, data_files,
-                        "rollout.total_rollout_steps=16", "trainer.save_freq=1", "trainer.resume_mode=auto",
-                        "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
-                        "data.max_response_length=24", "ray_init.num_cpus=2")
-    command = [a if not a.startswith("trainer.logger=") else "trainer.logger=[tensorboard,file]" for a in command]
-    args = [sys.executable, "-m", "recipe.fully_async_main", *command]
-    env = dict(os.environ, PYTHONPATH=REPO, RAY_DEDUP_LOGS="0")
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    marker = tmp_path / "run" / "global_step_3" / "actor" / "meta.json"
-    deadline = time.time() + 240
-    while time.time() < deadline and not marker.exists() and proc.poll() is None:
-        time.sleep(0.2)
-    assert marker.exists(), "no checkpoint before the deadline: " + (proc.stderr.read().decode()[-3000:] if proc.poll() is not None else "")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    resumed = run_main(command)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    said = re.search(r"resuming from \S+/global_step_\d+/actor \(step (\d+) of 8\)", resumed.stdout)  # 16 / 2
-    assert said, resumed.stdout[-3000:]
-    k = int(said.group(1))
-    assert f"{8 - k} steps trained (resumed at step {k}, now at step 8)" in resumed.stdout, resumed.stdout[-2000:]
-    uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
-    counts = collections.Counter(uids)
-    assert len(counts) == 16 and set(counts.values()) == {1}, counts
-    # no line of the killed process after its checkpoint is left: each step logged once, by step (issue 42, item 7)
-    with open(tmp_path / "run" / "metrics.jsonl") as f:
-        steps = [json.loads(line)["step"] for line in f if "training/global_step" in line]
-    assert steps == list(range(1, 9)), steps
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
-    acc.Reload()
-    assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, 9))
+        acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, 9))
 
 
-def test_filter_groups_keeps_flat_groups_out_of_training(ray_session, tmp_path, tiny_model_dir, data_files):
-    """DAPO dynamic sampling on the real pipeline: even rows score 0 for every response (dropped at the
-    Rollouter), odd rows a per-response hash (kept); every trained response carries an advantage."""
-    scorer = tmp_path / "half_flat.py"
-    scorer.write_text(
-        "import zlib\n"
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
-        "    if extra_info['index'] % 2 == 0:\n"
-        "        return {'score': 0.0, 'acc': 0.0}\n"
-        "    return {'score': (zlib.crc32(solution_str.encode()) % 997 + 1) / 997, 'acc': 0.0}\n"
-    )
-    summary = run_pipeline(
-        tmp_path, tiny_model_dir, data_files, f"custom_reward_function.path={scorer}",
-        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
-        "algorithm.filter_groups.max_num_gen_batches=4",
-        "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
-    )
-    steps = trained_log(tmp_path)
-    trained = [u for entry in steps for u in entry["uids"]]
-    with open(tmp_path / "run" / "rollout" / "filtered_groups.jsonl") as f:
-        filtered = [json.loads(line) for line in f]
-    assert filtered and all(r["index"] % 2 == 0 for r in filtered)
-    assert trained and all(int(u.split(":")[1]) % 2 == 1 for u in trained)
-    assert len(trained) + len(filtered) == 8 and len(set(trained) | {r["uid"] for r in filtered}) == 8
-    assert all(len(entry["uids"]) == 2 for entry in steps[:-1])  # full batches (the last one may be the tail)
-    assert summary["rollout/filtered_groups"] == len(filtered)
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+class TestFilterGroups:
+    def test_filter_groups_keeps_flat_groups_out_of_training(self, ray_session, tmp_path, tiny_model_dir, data_files):
+        """DAPO dynamic sampling on the real pipeline: even rows score 0 for every response (dropped at the
+        Rollouter), odd rows a per-response hash (kept); every trained response carries an advantage."""
+        scorer = tmp_path / "half_flat.py"
+        scorer.write_text(
+            "import zlib\n"
+            "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+            "    if extra_info['index'] % 2 == 0:\n"
+            "        return {'score': 0.0, 'acc': 0.0}\n"
+            "    return {'score': (zlib.crc32(solution_str.encode()) % 997 + 1) / 997, 'acc': 0.0}\n"
+        )
+        summary = run_pipeline(
+            tmp_path, tiny_model_dir, data_files, f"custom_reward_function.path={scorer}",
+            "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
+            "algorithm.filter_groups.max_num_gen_batches=4",
+            "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
+        )
+        steps = trained_log(tmp_path)
+        trained = [u for entry in steps for u in entry["uids"]]
+        with open(tmp_path / "run" / "rollout" / "filtered_groups.jsonl") as f:
+            filtered = [json.loads(line) for line in f]
+        assert filtered and all(r["index"] % 2 == 0 for r in filtered)
+        assert trained and all(int(u.split(":")[1]) % 2 == 1 for u in trained)
+        assert len(trained) + len(filtered) == 8 and len(set(trained) | {r["uid"] for r in filtered}) == 8
+        assert all(len(entry["uids"]) == 2 for entry in steps[:-1])  # full batches (the last one may be the tail)
+        assert summary["rollout/filtered_groups"] == len(filtered)
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    folder = tmp_path / "run" / "tensorboard"
-    acc = EventAccumulator(str(folder / [f for f in os.listdir(folder) if f.startswith("events")][0]))
-    acc.Reload()
-    assert {e.value for e in acc.Scalars("critic/nonzero_adv_frac")} == {1.0}
-    logged = acc.Scalars("fully_async/filtered_groups")[-1].value  # at the last step: the tail may come after
-    assert 0 < logged <= len(filtered)
-    assert acc.Scalars("fully_async/filtered_groups/verl_async/builtin_repeat")[-1].value == logged
-
-
-def test_validation_generations_reach_tensorboard_and_the_file_logger(sync_run):
-    """trainer.log_val_generations=2 across Ray: the Rollouter picks them, the Trainer's tracker writes them."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    tmp_path = sync_run[0]
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    shown = [(x["step"], x["data"]["val/generations"]) for x in lines if "val/generations" in x["data"]]
-    assert [step for step, _ in shown] == [2, 4]  # test_freq=2 over 4 versions; the end reuses version 4's
-    assert all(len(samples) == 2 and set(samples[0]) == {"input", "output", "score"} for _, samples in shown)
-    assert [x["step"] for x in lines if "val/mean@1/acc" in x["data"]] == [2, 4]  # the metrics, logged apart
-    events = [f for f in os.listdir(tmp_path / "run" / "tensorboard") if f.startswith("events")]
-    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard" / events[0]), size_guidance={"tensors": 0})
-    acc.Reload()
-    texts = acc.Tensors("val/generations/text_summary")
-    assert [t.step for t in texts] == [2, 4] and shown[0][1][0]["input"] in texts[0].tensor_proto.string_val[0].decode()
+        folder = tmp_path / "run" / "tensorboard"
+        acc = EventAccumulator(str(folder / [f for f in os.listdir(folder) if f.startswith("events")][0]))
+        acc.Reload()
+        assert {e.value for e in acc.Scalars("critic/nonzero_adv_frac")} == {1.0}
+        logged = acc.Scalars("fully_async/filtered_groups")[-1].value  # at the last step: the tail may come after
+        assert 0 < logged <= len(filtered)
+        assert acc.Scalars("fully_async/filtered_groups/verl_async/builtin_repeat")[-1].value == logged
 
 
-def test_total_training_steps_ends_the_run_and_a_larger_cap_resumes_exactly_once(ray_session, tmp_path, tiny_model_dir,
-                                                                                  data_files):
-    """trainer.total_training_steps stops the trainer (and the Rollouter) there with a checkpoint; a second
-    run with a larger cap resumes from it and every prompt is trained once over both runs."""
-    capped = ("rollout.total_rollout_steps=16", "trainer.save_freq=4", "trainer.resume_mode=auto",
-              "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1")
-    first = run_pipeline(tmp_path, tiny_model_dir, data_files, *capped, "trainer.total_training_steps=3")
-    assert first["trainer/steps"] == 3 and first["trainer/version"] == 3
-    assert os.path.exists(tmp_path / "run" / "global_step_3" / "actor")  # at the cap, although save_freq=4
-    assert [e["step"] for e in trained_log(tmp_path)] == [0, 1, 2]
-    second = run_pipeline(tmp_path, tiny_model_dir, data_files, *capped, "trainer.total_training_steps=8")
-    assert second["trainer/steps"] == 8
-    uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
-    counts = collections.Counter(uids)
-    assert len(counts) == 16 and set(counts.values()) == {1}, counts
-    # no line of the killed process after its checkpoint is left: each step logged once, by step (issue 42, item 7)
-    with open(tmp_path / "run" / "metrics.jsonl") as f:
-        steps = [json.loads(line)["step"] for line in f if "training/global_step" in line]
-    assert steps == list(range(1, 9)), steps
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+class TestTotalTrainingSteps:
+    def test_total_training_steps_ends_the_run_and_a_larger_cap_resumes_exactly_once(self, ray_session, tmp_path,
+                                                                                      tiny_model_dir, data_files):
+        """trainer.total_training_steps stops the trainer (and the Rollouter) there with a checkpoint; a second
+        run with a larger cap resumes from it and every prompt is trained once over both runs."""
+        capped = ("rollout.total_rollout_steps=16", "trainer.save_freq=4", "trainer.resume_mode=auto",
+                  "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1")
+        first = run_pipeline(tmp_path, tiny_model_dir, data_files, *capped, "trainer.total_training_steps=3")
+        assert first["trainer/steps"] == 3 and first["trainer/version"] == 3
+        assert os.path.exists(tmp_path / "run" / "global_step_3" / "actor")  # at the cap, although save_freq=4
+        assert [e["step"] for e in trained_log(tmp_path)] == [0, 1, 2]
+        second = run_pipeline(tmp_path, tiny_model_dir, data_files, *capped, "trainer.total_training_steps=8")
+        assert second["trainer/steps"] == 8
+        uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
+        counts = collections.Counter(uids)
+        assert len(counts) == 16 and set(counts.values()) == {1}, counts
+        # no line of the killed process after its checkpoint is left: each step logged once, by step (issue 42, item 7)
+        with open(tmp_path / "run" / "metrics.jsonl") as f:
+            steps = [json.loads(line)["step"] for line in f if "training/global_step" in line]
+        assert steps == list(range(1, 9)), steps
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
-    acc.Reload()
-    assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, 9))
+        acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, 9))
+

@@ -92,35 +92,38 @@ def test_native_engine_log_probs_equal_the_hf_forward(model_dir):
         assert float((torch.tensor(result.log_probs) - ref).abs().max()) < 1e-4
 
 
-def test_grpo_steps_through_the_entry_point(ray_session, tmp_path, data):
-    from verl_async.utils.tb_read import read_scalars
+class TestGrpoThroughTheEntryPoint:
+    """A class: a unit of its own for the test workers (--dist loadscope), beside the bitwise tests."""
 
-    train, test = data
-    run_dir = tmp_path / "run"
-    cmd = [  # the command in this process, on the session's Ray (tests/entry_point.py)
-        f"actor_rollout_ref.model.path={MODEL}", f"data.train_files={train}", f"data.val_files={test}",
-        "data.max_prompt_length=192", "data.max_response_length=24",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.temperature=0.7",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.total_rollout_steps=6",
-        "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
-        "async_training.partial_rollout=false", "async_training.use_rollout_log_probs=false",
-        "reward_model.gsm8k_method=flexible", "trainer.val_before_train=true", "trainer.test_freq=3",
-        "trainer.logger=[console,tensorboard]", f"trainer.default_local_dir={run_dir}",
-        f"hydra.run.dir={tmp_path / 'hydra'}", "ray_init.num_cpus=4",
-    ]
-    t0 = time.monotonic()
-    proc = run_main(cmd)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "done in" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
-    scalars = read_scalars(str(run_dir))
-    steps = scalars["actor/pg_loss"]
-    assert len(steps) == 3, f"6 prompts / 2 per step: 3 steps, got {len(steps)} ({time.monotonic() - t0:.0f}s)"
-    # on-policy, same weights, float32 on CPU: the trainer recomputes the engine's numbers
-    assert max(p.value for p in scalars["mismatch/train_rollout_logprob_abs_diff_max"]) < 1e-4
-    for tag in ("critic/score/mean", "response_length/mean", "actor/entropy", "actor/grad_norm", "val/mean@1/acc"):
-        assert scalars.get(tag), f"{tag} not logged"
-    # before training and at version 3 (test_freq=3); the end of the run reuses the latter, not a second pass
-    assert [p.step for p in scalars["val/mean@1/acc"]] == [0, 3]
+    def test_grpo_steps_through_the_entry_point(self, ray_session, tmp_path, data):
+        from verl_async.utils.tb_read import read_scalars
+
+        train, test = data
+        run_dir = tmp_path / "run"
+        cmd = [  # the command in this process, on the session's Ray (tests/entry_point.py)
+            f"actor_rollout_ref.model.path={MODEL}", f"data.train_files={train}", f"data.val_files={test}",
+            "data.max_prompt_length=192", "data.max_response_length=24",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.temperature=0.7",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.total_rollout_steps=4",
+            "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
+            "async_training.partial_rollout=false", "async_training.use_rollout_log_probs=false",
+            "reward_model.gsm8k_method=flexible", "trainer.val_before_train=true", "trainer.test_freq=2",
+            "trainer.logger=[console,tensorboard]", f"trainer.default_local_dir={run_dir}",
+            f"hydra.run.dir={tmp_path / 'hydra'}", "ray_init.num_cpus=4",
+        ]
+        t0 = time.monotonic()
+        proc = run_main(cmd)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "done in" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]
+        scalars = read_scalars(str(run_dir))
+        steps = scalars["actor/pg_loss"]
+        assert len(steps) == 2, f"4 prompts / 2 per step: 2 steps, got {len(steps)} ({time.monotonic() - t0:.0f}s)"
+        # on-policy, same weights, float32 on CPU: the trainer recomputes the engine's numbers
+        assert max(p.value for p in scalars["mismatch/train_rollout_logprob_abs_diff_max"]) < 1e-4
+        for tag in ("critic/score/mean", "response_length/mean", "actor/entropy", "actor/grad_norm", "val/mean@1/acc"):
+            assert scalars.get(tag), f"{tag} not logged"
+        # before training and at version 2 (test_freq=2); the end of the run reuses the latter, not a second pass
+        assert [p.step for p in scalars["val/mean@1/acc"]] == [0, 2]
 
 
 @pytest.mark.parametrize("device, dtype", [("cpu", "float32"), ("cpu", "bfloat16"),
