@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 if TYPE_CHECKING:  # torch and tensordict load where a batch is built (the trainer), not in the queue or the Rollouter
+    import torch
     from tensordict import TensorDict
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -221,9 +222,11 @@ def collate_groups(samples: Sequence[RolloutSample], pad_token_id: int) -> "Tens
     )
 
 
-def _teacher_tensors(responses: Sequence[Response], width: int) -> dict[str, torch.Tensor]:
+def _teacher_tensors(responses: Sequence[Response], width: int) -> dict[str, "torch.Tensor"]:
     """`teacher_log_probs` [B, T] and, with top-k, `teacher_topk_ids` / `teacher_topk_log_probs` [B, T, K] (0 on
     padding); {} when no response has a teacher's scores. All responses of a batch have them, or none."""
+    import torch
+
     has = [r.teacher_log_probs is not None for r in responses]
     if not any(has):
         return {}
