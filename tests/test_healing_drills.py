@@ -122,6 +122,8 @@ def test_a_dead_node_holding_the_replicas_heals_on_the_spare_node(request, tmp_p
     from verl_async.config import compose, validate
     from verl_async.pipeline import run as run_pipeline
 
+    if ray.is_initialized():  # the session's local Ray (tests/conftest.py ray_session): this drill joins a cluster
+        ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {"trainer_node": 1, "rollout_node": 1}, "include_dashboard": False})
     try:

@@ -353,7 +353,8 @@ class TestTotalTrainingSteps:
         """trainer.total_training_steps stops the trainer (and the Rollouter) there with a checkpoint; a second
         run with a larger cap resumes from it and every prompt is trained once over both runs."""
         capped = ("rollout.total_rollout_steps=16", "trainer.save_freq=4", "trainer.resume_mode=auto",
-                  "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1")
+                  "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
+                  "trainer.logger=[tensorboard,file]")
         first = run_pipeline(tmp_path, tiny_model_dir, data_files, *capped, "trainer.total_training_steps=3")
         assert first["trainer/steps"] == 3 and first["trainer/version"] == 3
         assert os.path.exists(tmp_path / "run" / "global_step_3" / "actor")  # at the cap, although save_freq=4
