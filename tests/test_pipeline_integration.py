@@ -248,14 +248,22 @@ class TestReplicaKilledForGood:
                                                                                   tiny_model_dir, data_files):
         """`ray.kill` ends a replica for good (Ray does not restart it): its healing fails, it is retired, and with no
         other replica the run stops naming it (a replica that Ray restarts heals: tests/test_healing_drills.py)."""
+        def replica_names() -> set[tuple[str, str]]:
+            return {(a["name"], a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True)
+                    if a["name"].startswith("verl_async_replica")}
+
+        # A replica of an earlier run on the session's Ray may still be listed while it winds down: kill only this run's.
+        earlier = replica_names()
+
         def kill_a_replica():
             deadline = time.time() + 120
             while time.time() < deadline:
-                names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("verl_async_replica")]
+                names = sorted(replica_names() - earlier)
                 log = tmp_path / "run" / "trained_uids.jsonl"
                 if names and log.exists() and log.read_text().strip():  # training is under way
                     time.sleep(0.5)
-                    ray.kill(ray.get_actor(names[0]))
+                    name, namespace = names[0]
+                    ray.kill(ray.get_actor(name, namespace=namespace))
                     return
                 time.sleep(0.2)
 
