@@ -64,6 +64,21 @@ def run_pipeline(tmp_path, model_dir, data_files, *extra: str) -> dict:
     return run(cfg)
 
 
+def assert_each_prompt_and_step_once(tmp_path, prompts: int, steps: int) -> None:
+    """A run that was stopped and resumed reads as one uninterrupted run: every prompt trained once, and no line of
+    the stopped process after its checkpoint left behind (each step logged once, by step: issue 42, item 7)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    counts = collections.Counter(u for entry in trained_log(tmp_path) for u in entry["uids"])
+    assert len(counts) == prompts and set(counts.values()) == {1}, counts
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        logged = [json.loads(line)["step"] for line in f if "training/global_step" in line]
+    assert logged == list(range(1, steps + 1)), logged
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, steps + 1))
+
+
 def trained_log(tmp_path) -> list[dict]:
     with open(tmp_path / "run" / "trained_uids.jsonl") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -303,18 +318,7 @@ class TestKilledDriver:
         assert said, resumed.stdout[-3000:]
         k = int(said.group(1))
         assert f"{8 - k} steps trained (resumed at step {k}, now at step 8)" in resumed.stdout, resumed.stdout[-2000:]
-        uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
-        counts = collections.Counter(uids)
-        assert len(counts) == 16 and set(counts.values()) == {1}, counts
-        # no line of the killed process after its checkpoint is left: each step logged once, by step (issue 42, item 7)
-        with open(tmp_path / "run" / "metrics.jsonl") as f:
-            steps = [json.loads(line)["step"] for line in f if "training/global_step" in line]
-        assert steps == list(range(1, 9)), steps
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-        acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
-        acc.Reload()
-        assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, 9))
+        assert_each_prompt_and_step_once(tmp_path, prompts=16, steps=8)
 
 
 class TestFilterGroups:
@@ -369,16 +373,5 @@ class TestTotalTrainingSteps:
         assert [e["step"] for e in trained_log(tmp_path)] == [0, 1, 2]
         second = run_pipeline(tmp_path, tiny_model_dir, data_files, *capped, "trainer.total_training_steps=8")
         assert second["trainer/steps"] == 8
-        uids = [u for entry in trained_log(tmp_path) for u in entry["uids"]]
-        counts = collections.Counter(uids)
-        assert len(counts) == 16 and set(counts.values()) == {1}, counts
-        # no line of the killed process after its checkpoint is left: each step logged once, by step (issue 42, item 7)
-        with open(tmp_path / "run" / "metrics.jsonl") as f:
-            steps = [json.loads(line)["step"] for line in f if "training/global_step" in line]
-        assert steps == list(range(1, 9)), steps
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-        acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
-        acc.Reload()
-        assert [e.step for e in acc.Scalars("critic/score/mean")] == list(range(1, 9))
+        assert_each_prompt_and_step_once(tmp_path, prompts=16, steps=8)
 
