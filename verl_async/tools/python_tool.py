@@ -21,7 +21,6 @@ is answered to the model with its output and an `Error: ...` line, metrics `succ
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from typing import Any, Optional
@@ -29,7 +28,7 @@ from typing import Any, Optional
 from verl_async.sandbox import IsolationUnavailable, SandboxLimits, isolation_problem, run_code
 from verl_async.tools.base_tool import BaseTool
 from verl_async.tools.latency import SimulatedLatency
-from verl_async.tools.queueing import queued
+from verl_async.tools.queueing import ToolSlots
 from verl_async.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 logger = logging.getLogger(__name__)
@@ -95,27 +94,14 @@ class PythonCodeTool(BaseTool):
         self.limits = checked_limits(self.config, self.name)
         self.latency = SimulatedLatency.from_config(self.config)
         self.rate_limit = max(1, int(self.config.get("rate_limit", 4)))
-        self._slots: Optional[asyncio.Semaphore] = None
-        self._slots_loop: Optional[asyncio.AbstractEventLoop] = None
-
-    def slots(self) -> asyncio.Semaphore:
-        """`rate_limit` slots on the running loop (a tool may outlive one loop: tests, a restarted actor)."""
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots_loop is not loop:
-            self._slots, self._slots_loop = asyncio.Semaphore(self.rate_limit), loop
-        return self._slots
+        self.slots = ToolSlots(self.rate_limit)
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
         await self.latency.wait()
         code = parameters.get("code")
         if not isinstance(code, str) or not code.strip():
             return ToolResponse(text="Error: no code given (argument 'code')"), 0.0, {"success": False}
-        slots = self.slots()
-        async with queued():
-            await slots.acquire()
-        try:
+        async with self.slots.held():
             result = await run_code(extract_code(code), self.limits)
-        finally:
-            slots.release()
         metrics = {"success": result.ok, "timed_out": result.timed_out, "duration_s": result.duration_s}
         return ToolResponse(text=result.message()), 0.0, metrics

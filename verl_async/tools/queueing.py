@@ -4,8 +4,8 @@ A tool that limits how many of its calls run at once (`rate_limit`) makes the ot
 That wait is not the call's running time: the agent loop's `multi_turn.tool_timeout_s`
 counts only the time outside `queued()`, so the same code does not "time out" under load.
 
-    async with queued():          # in the tool: waiting for a slot
-        await self._slots.acquire()
+    async with self.slots.held():  # in the tool (ToolSlots): the wait for a slot is queued()
+        ...                          # the call's own work
 
 The agent loop (rollout/tool_session.py) starts a `CallClock` per call; outside a call
 `queued()` does nothing.
@@ -13,6 +13,7 @@ The agent loop (rollout/tool_session.py) starts a `CallClock` per call; outside 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import time
@@ -75,3 +76,31 @@ async def queued() -> AsyncIterator[None]:
     finally:
         if clock is not None:
             clock.leave()
+
+
+class ToolSlots:
+    """`size` calls of a tool at once (its `rate_limit`); the wait for a slot counts as `queued()`.
+
+    The semaphore belongs to the running event loop: a tool may outlive one loop (tests, a restarted actor).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._semaphore: Optional[asyncio.Semaphore] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+
+    def _on_this_loop(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._semaphore is None or self._loop is not loop:
+            self._semaphore, self._loop = asyncio.Semaphore(self.size), loop
+        return self._semaphore
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        semaphore = self._on_this_loop()
+        async with queued():
+            await semaphore.acquire()
+        try:
+            yield
+        finally:
+            semaphore.release()

@@ -17,14 +17,13 @@ The model reads the run's stdout + stderr when it finished, else "no stdout here
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Optional
 from uuid import uuid4
 
 from verl_async.sandbox.client import call_run_code, service_problem
 from verl_async.tools.base_tool import BaseTool
-from verl_async.tools.queueing import queued
+from verl_async.tools.queueing import ToolSlots
 from verl_async.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 logger = logging.getLogger(__name__)
@@ -44,14 +43,7 @@ class SandboxFusionTool(BaseTool):
         if problem:
             raise ConnectionError(problem)
         self._instance_dict: dict[str, dict] = {}
-        self._slots: Optional[asyncio.Semaphore] = None
-        self._slots_loop: Optional[asyncio.AbstractEventLoop] = None
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots_loop is not loop:
-            self._slots, self._slots_loop = asyncio.Semaphore(self.concurrency), loop
-        return self._slots
+        self.slots = ToolSlots(self.concurrency)
 
     async def create(self, instance_id: Optional[str] = None, ground_truth: Optional[str] = None,
                      **kwargs: Any) -> tuple[str, ToolResponse]:
@@ -74,15 +66,10 @@ class SandboxFusionTool(BaseTool):
             timeout = float(timeout)
         except (TypeError, ValueError):
             timeout = self.default_timeout
-        slots = self._semaphore()
-        async with queued():
-            await slots.acquire()
-        try:
+        async with self.slots.held():
             response, error = await call_run_code(self.sandbox_fusion_url, code, run_timeout=timeout,
                                                   compile_timeout=timeout, memory_limit_mb=self.memory_limit_mb,
                                                   language=str(language))
-        finally:
-            slots.release()
         if error is not None:
             logger.warning("%s: the SandboxFusion call failed: %s", self.name, error)
         run = (response or {}).get("run_result") or {}
