@@ -380,7 +380,9 @@ def test_the_end_of_a_run_says_what_healed(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["healed: engine replica 0 was lost (ActorDiedError: its process died); restarted in 4.0 s, "
                      "rejoined 5.5 s after the loss with the weights of version 3",
-                     "warning: engine replica 1 was lost (hung) and had not rejoined when the run ended (restarting)"]
+                     "warning: engine replica 1 was lost (hung) and had not rejoined when the run ended (restarting)",
+                     "healed: the trainer died (x); restarted from /c at step 4, generation resumed 12.5 s after the "
+                     "death, 2 group(s) back to the queue"]
     assert heal_summary([], []) == {}
 
 

@@ -21,6 +21,7 @@ from verl_async.config.derived import finish_timeout_s, validation_timeout_s
 from verl_async.reward import RewardFunctionError
 from verl_async.reward.manager import Reward as RewardManagerResult
 from verl_async.rollout.engine import SamplingParams
+from verl_async.rollout.health import ReplicaLost
 from verl_async.rollout.validation import ScoredPrompt, ValidationError, Validator, validation_metrics
 from verl_async.trainer.trainer import VALIDATION_GRACE_S, Trainer
 from verl_async.utils.busy_clock import BusyClock
@@ -104,6 +105,40 @@ def test_prompts_that_lost_different_numbers_of_samples_are_scored(tmp_path):
     assert out["val/failed_requests"] == engines[1].calls == 6
     assert out["val/missing_samples"] == 6.0 and out["val/requested_samples"] == 12.0
     assert out["val/mean@3/acc"] == out["val/pass@3/acc"] == 1.0
+
+
+class DiesAfter(FakeEngine):
+    """Serves `served` requests, then its process is gone: every later request raises ReplicaLost."""
+
+    def __init__(self, served: int) -> None:
+        super().__init__()
+        self.served, self.lost = served, 0
+
+    async def generate(self, request):
+        if self.calls >= self.served:
+            self.lost += 1
+            raise ReplicaLost(1, "ActorDiedError: its process died")
+        return await super().generate(request)
+
+
+def test_a_request_whose_replica_dies_runs_again_on_a_replica_still_serving(tmp_path):
+    """2 replicas, the second dies after 2 of its 6 requests (k=3, 4 prompts): its other 4 run on the first, so every
+    sample exists (a heal run on two GPUs lost 263 of 300 validation samples this way)."""
+    engines = [FakeEngine(), DiesAfter(served=2)]
+    out = asyncio.run(validator(tmp_path).run(engines, version=0))
+    assert engines[1].calls == 2 and engines[1].lost >= 1
+    assert engines[0].calls == 12 - 2
+    assert out["val/missing_samples"] == 0.0 and out["val/failed_requests"] == 0.0
+    assert out["val/requested_samples"] == 12.0
+
+
+def test_samples_are_missing_only_when_every_replica_died(tmp_path):
+    engines = [DiesAfter(served=1), DiesAfter(served=2)]
+    out = asyncio.run(validator(tmp_path).run(engines, version=0))
+    assert engines[0].calls + engines[1].calls == 3
+    assert out["val/missing_samples"] == 9.0 and out["val/failed_requests"] == 9.0
+    with pytest.raises(ValidationError, match=r"all 12 generation requests failed \(first error: .*its process died"):
+        asyncio.run(validator(tmp_path).run([DiesAfter(served=0)], version=0))
 
 
 def test_failed_scores_are_left_out_not_counted_as_wrong_answers(tmp_path):

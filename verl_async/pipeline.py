@@ -441,8 +441,8 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     summary: dict[str, Any] = {"wall_s": wall, "run_dir": run_dir, "val_before": before, "val_after": after}
     summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items() if k != "validation"})
     rollout = results.get("rollouter", {})
-    for key in ("failed_prompts", "retried_prompts", "dropped_groups_engine_error", "replicas_out", "reward_errors",
-                "filtered_groups", "engine_profile"):
+    for key in ("failed_prompts", "retried_prompts", "lost_requests", "dropped_groups_engine_error", "replicas_out",
+                "reward_errors", "filtered_groups", "engine_profile"):
         if key in rollout:
             summary[f"rollout/{key}"] = rollout[key]
     if os.path.exists(timeline_path):

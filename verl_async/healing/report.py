@@ -25,6 +25,11 @@ def heal_summary(replica_events: Sequence[dict[str, Any]], trainer_restarts: Seq
         out["fault/replicas_retired"] = float(sum(e["outcome"] == "retired" for e in replica_events))
         if rejoined:
             out["fault/replica_rejoin_s_max"] = float(max(rejoined))
+    for r in trainer_restarts:
+        source = r["checkpoint"] or "the model the run started with"
+        print(f"healed: the trainer died ({r['cause']}); restarted from {source} at step {r['step']}, generation "
+              f"resumed {r['recovery_s']:.1f} s after the death, {r['groups_back']} group(s) back to the queue",
+              flush=True)
     if trainer_restarts:
         out["fault/trainer_restarts"] = float(len(trainer_restarts))
         out["fault/trainer_recovery_s_max"] = float(max(r["recovery_s"] for r in trainer_restarts))

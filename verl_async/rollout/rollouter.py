@@ -114,6 +114,7 @@ class Rollouter:
         self.health = ReplicaHealth(len(self.engines), max_consecutive_engine_failures)
         self.healer: Optional[Any] = None  # rollout/healing.ReplicaHealer (the service sets it); None: lost = out
         self._replica_event = asyncio.Event()  # a replica came back or left for good
+        self._lost_engines_logged: list[Any] = []  # the replica proxies whose loss was logged (a restart: a new one)
         self.returned_requests = [0] * len(self.engines)  # per replica: requests that came back (the watchdog)
         self.partials = PartialLog()  # the responses of groups in flight, as far as known (a checkpoint keeps them)
         self.failed_log = failed_log
@@ -385,6 +386,15 @@ class Rollouter:
             await self._replica_event.wait()
         return self.pick_engine(candidates, avoid)
 
+    def _log_lost_request(self, index: int, engine: Any, request_id: str, why: str, tokens: int) -> None:
+        """One warning per lost replica process (a replica holds up to max_num_seqs requests: one line each drowned
+        the console), the rest at debug level; rollout/lost_requests counts them all."""
+        if not any(seen is engine for seen in self._lost_engines_logged):
+            self._lost_engines_logged.append(engine)
+            logger.warning("engine replica %d lost (%s): its requests in flight continue from the tokens already "
+                           "generated on a replica that serves (rollout/lost_requests counts them)", index, why)
+        logger.debug("request %s lost with replica %d; it continues from its %d tokens", request_id, index, tokens)
+
     def replica_lost(self, index: int, why: str, *, kill: bool = False, engine: Any = None) -> None:
         """Replica `index` is gone (`kill`: it still runs but is broken or hung): healed when a healer is set, else out
         of rotation for good. `engine`: the proxy the loss was seen through (a stale one's report is ignored)."""
@@ -514,8 +524,7 @@ class Rollouter:
                 result = await engine.generate(request)
             except ReplicaLost as lost:  # its tokens since `state` died with it: continue from `state` elsewhere
                 self.counters.lost_requests += 1
-                logger.warning("request %s lost with its replica (%s); it continues on another replica from its "
-                               "%d tokens", request.request_id, lost.reason, len(state.token_ids))
+                self._log_lost_request(idx, engine, request.request_id, lost.reason, len(state.token_ids))
                 self.replica_lost(idx, lost.reason, engine=engine)
                 continue
             finally:

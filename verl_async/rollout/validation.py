@@ -172,18 +172,29 @@ class Validator:
         agent_stats = AgentStats("val/multi_turn")
 
         timed = [_EngineBusyTimed(e, self.engine_busy) for e in engines]
+        lost_replicas: set[int] = set()  # seen dead in this validation: their requests go to the others
 
         async def one(item, j: int):
             async with sem:
-                engine = timed[(item.index * k + j) % len(engines)]
+                first = (item.index * k + j) % len(engines)
                 seeded = replace(sampling, seed=validation_seed(sampling.seed, item.index, j))
                 req = GenerateRequest(self._request_id(version, item.index, j), list(item.prompt_ids), seeded)
-                try:
-                    if self.agent_loop is not None:
-                        return await self.agent_loop.run_request(engine, req, item, agent_stats)
-                    return await engine.generate(req)
-                except ReplicaLost as lost:  # its replica died: a missing sample, not a failed validation
-                    return GenerateResult(req.request_id, [], [], [], "abort", error=str(lost))
+                while True:
+                    # round robin; a request whose replica died runs again on one still serving (the same weights:
+                    # a sync waits for the validation), and is a missing sample only when none is left
+                    alive = [i for i in range(len(engines)) if i not in lost_replicas]
+                    if not alive:
+                        return GenerateResult(req.request_id, [], [], [], "abort", error=lost_error[0])
+                    at = first if first in alive else alive[(item.index * k + j) % len(alive)]
+                    try:
+                        if self.agent_loop is not None:
+                            return await self.agent_loop.run_request(timed[at], req, item, agent_stats)
+                        return await timed[at].generate(req)
+                    except ReplicaLost as lost:
+                        lost_replicas.add(at)
+                        lost_error[0] = str(lost)
+
+        lost_error = ["every replica was lost"]
 
         items = list(self.dataset)
         results = await asyncio.gather(*(one(item, j) for item in items for j in range(k)))
