@@ -65,6 +65,7 @@ def ray_session():
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
         ray.init(
+            address="local",  # never a cluster another test's `ray start` (ray.cluster_utils) left on the machine
             num_cpus=4,
             include_dashboard=False,
             log_to_driver=False,

@@ -134,6 +134,28 @@ def test_node_resources_are_config_keys_a_local_ray_carries():
     assert node_resources(config()) == []
 
 
+def test_a_run_without_an_address_starts_its_own_ray_even_where_ray_start_left_a_cluster(monkeypatch, capsys):
+    """Ray's bare ray.init() joins the cluster in /tmp/ray/ray_current_cluster (another run's `ray start`, or a
+    ray.cluster_utils test beside this one) and then refuses ray_init.num_cpus with a traceback (seen in a drill)."""
+    import ray
+    import ray._private.services as services
+
+    from verl_async import pipeline
+
+    calls = []
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: "10.0.0.1:6379")
+    assert pipeline.ray_init(config("ray_init.num_cpus=2")) is True
+    assert calls[0]["address"] == "local" and calls[0]["num_cpus"] == 2
+    assert "the cluster `ray start` left on this machine (10.0.0.1:6379) is joined with ray_init.address=auto" in \
+        capsys.readouterr().out
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
+    pipeline.ray_init(config())
+    assert calls[1]["address"] == "local" and capsys.readouterr().out == ""
+
+
 # --------------------------------------------------------------------------- attach
 def closed_port() -> int:
     with socket.socket() as s:

@@ -26,6 +26,7 @@ from verl_async.rollout.validation import ValidationError, Validator
 from verl_async.staleness import StalenessBudget
 from verl_async.sync.driver import SyncDriver
 from verl_async.trainer.trainer import Trainer
+from verl_async.trainer.validation_handover import restart_validations
 from verl_async.utils.timeline import Timeline
 
 
@@ -313,3 +314,33 @@ def test_val_async_false_keeps_the_validation_inside_the_sync(trainer):
     made(t, 1)
     t.push_weights()
     assert side.calls == ["pause", "transfer 1", "resume 1"] and validated == [1]
+
+
+# --------------------------------------------------------------------------- across a trainer restart
+def outcome(version: int, acc: float) -> dict:
+    return {"version": version, "metrics": {"val/mean@1/acc": acc}, "error": None, "fatal": False, "seconds": 1.0}
+
+
+def test_a_restart_keeps_the_validations_of_kept_versions_and_reruns_the_one_that_died_with_the_trainer():
+    left = [outcome(8, 0.1), outcome(12, 0.2)]
+    # restored at version 8: version 12's weights are gone (validated again when the run gets there)
+    assert restart_validations(None, left, 8, due=True) == ([outcome(8, 0.1)], False)
+    # cancelled at the restored version, due there: it runs again; not due (test_freq): it does not
+    assert restart_validations(16, [], 16, due=True) == ([], True)
+    assert restart_validations(16, [], 16, due=False) == ([], False)
+    # cancelled at a version after the checkpoint: it comes again with that version
+    assert restart_validations(20, left, 16, due=True) == (left, False)
+
+
+def test_the_restarted_trainer_logs_what_the_dead_one_left_and_validates_its_version_again(trainer):
+    side = FakeRollouter()
+    t, logged = trainer(side, "trainer.test_freq=4")
+    made(t, 16)  # restored from the checkpoint of version 16; its validation finished, the dead trainer never took it
+    t.resume_validations(None, [outcome(16, 0.2), outcome(20, 0.9)])
+    assert logged == [(16, {"val/mean@1/acc": 0.2})] and side.calls == []  # version 20's weights died with it
+    logged.clear()
+    t.resume_validations(16, [])  # this time version 16's validation was cancelled with the death: it runs again
+    assert side.calls == ["start 16"]
+    side.finish({"val/mean@1/acc": 0.3})
+    t.collect_validations()
+    assert logged == [(16, {"val/mean@1/acc": 0.3})]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from verl_async.config.ray_address import check_ray_address, ray_address
+from verl_async.config.ray_address import check_ray_address, ray_address, started_cluster_here
 from verl_async.config.run_paths import CACHE_KEY, absolute_paths, cache_root, shared_folders
 from verl_async.models.builtin import resolve_model_path
 from verl_async.models.loading import run_tokenizer
@@ -119,7 +119,12 @@ def ray_init(cfg: Any) -> bool:
     num_cpus = cfg.ray_init.get("num_cpus")
     pinned = {name: LOCAL_NODE_RESOURCE for name in node_resources(cfg)}
     quiet_default_auth_notice()
+    left = started_cluster_here()
+    if left:  # ray.init() would join it and then refuse ray_init.num_cpus; another run's Ray is not this run's
+        print(f"ray          a local Ray of its own; the cluster `ray start` left on this machine ({left}) is joined "
+              f"with ray_init.address=auto", flush=True)
     ray.init(
+        address="local",
         num_cpus=None if num_cpus is None else int(num_cpus),
         resources=pinned or None,
         include_dashboard=False,

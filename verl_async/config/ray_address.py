@@ -49,6 +49,16 @@ def _split(address: str) -> Optional[tuple[str, int]]:
     return host.strip("[]"), int(port)
 
 
+def started_cluster_here() -> Optional[str]:
+    """The address of the cluster the last `ray start` on this machine left (Ray's ray_current_cluster file), if any."""
+    try:
+        from ray._private.services import find_bootstrap_address
+
+        return find_bootstrap_address(None)
+    except Exception:  # noqa: BLE001 - none, or Ray's private helper moved: nothing to say
+        return None
+
+
 def _auto_address() -> Optional[str]:
     """address=auto: the cluster `ray start` left on this machine (as ray.init finds it), or None."""
     try:

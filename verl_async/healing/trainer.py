@@ -99,7 +99,7 @@ class TrainerSupervisor:
         t0 = time.monotonic()
         print(f"warning: the trainer died ({cause}); restarting the trainer side from its newest checkpoint "
               f"(restart {len(self.restarts) + 1} of {self.max_restarts}, trainer.max_restarts)", flush=True)
-        self._pause_generation()
+        cancelled, finished = self._pause_generation()
         self._end(self.trainer)
         back = ray.get(self.queue.rewind.remote(), timeout=self.timeout_s)
         trainer = self._start()
@@ -108,6 +108,9 @@ class TrainerSupervisor:
         ray.get(trainer.progress.remote(), timeout=self.timeout_s)  # its worker group is up
         ray.get(trainer.restore_after_restart.remote(back["checkpoint"], self.start_step), timeout=self.timeout_s)
         ray.get(trainer.push_weights.remote(False), timeout=self.sync_timeout_s + self.timeout_s)
+        # the validations the dead trainer had not logged: those of kept versions are logged, the one it died during
+        # runs again when its version is the restored one (a heal run on two GPUs lost the validation of version 16)
+        ray.get(trainer.resume_validations.remote(cancelled, finished), timeout=self.sync_timeout_s + self.timeout_s)
         step = int(ray.get(trainer.progress.remote(), timeout=self.timeout_s)["step"])
         event = TrainerRestart(len(self.restarts) + 1, cause, back["checkpoint"], int(back["groups"]),
                                round(time.monotonic() - t0, 3), step)
@@ -128,15 +131,19 @@ class TrainerSupervisor:
         except Exception:  # noqa: BLE001 - the Rollouter is gone too: nothing to heal into
             return False
 
-    def _pause_generation(self) -> None:
-        """Generation stops until the restored weights are on the engines (a validation still running is dropped)."""
+    def _pause_generation(self) -> tuple[Optional[int], list[dict[str, Any]]]:
+        """Generation stops until the restored weights are on the engines. A validation still running is cancelled:
+        its version, and the validations that finished without the dead trainer taking them, go to the new one."""
         if self.rollouter is None:
-            return
+            return None, []
+        cancelled, finished = None, []
         try:
-            ray.get(self.rollouter.cancel_validation.remote(), timeout=min(120.0, self.timeout_s))
+            cancelled = ray.get(self.rollouter.cancel_validation.remote(), timeout=min(120.0, self.timeout_s))
+            finished = ray.get(self.rollouter.take_validations.remote(), timeout=min(120.0, self.timeout_s))
         except Exception as exc:  # noqa: BLE001 - the restart goes on; the next sync settles the engines
             logger.warning("cancelling the validation while the trainer restarts: %s", root_cause(exc))
         ray.get(self.rollouter.pause_for_sync.remote(), timeout=self.sync_timeout_s)
+        return cancelled, finished
 
     @staticmethod
     def _end(trainer: Any) -> None:

@@ -510,11 +510,13 @@ class RolloutService:
         """The validations finished since the last call (the trainer polls every step), as `settle_validation`."""
         return [o.to_dict() for o in self.background.take()]
 
-    async def cancel_validation(self) -> None:
-        """Give up on the running validation (the trainer stopped waiting): cancel it, abort its requests."""
+    async def cancel_validation(self) -> Optional[int]:
+        """Give up on the running validation (the trainer stopped waiting, or died): cancel it, abort its requests;
+        the version it validated (None: none ran)."""
         version = await self.background.cancel()
         if version is not None and self.validator is not None:
             await self.validator.abort(self._validation_engines(), version)
+        return version
 
     def validation_timeout_s(self) -> float:
         """How long one validation may take (0 without data.val_files): the Trainer waits that long."""

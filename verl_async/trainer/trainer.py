@@ -45,6 +45,7 @@ from verl_async.sync import build_sync_from_config, sync_timeout_s
 from verl_async.trainer.faults import die_in_sync
 from verl_async.trainer.prepare import StepAlgorithm, prepare_batch, update_input
 from verl_async.trainer.settings import WORKER_TIMEOUT_S
+from verl_async.trainer.validation_handover import restart_validations
 from verl_async.utils.timeline import Timeline
 from verl_async.utils.tracking import Tracker
 from verl_async.utils.val_generations import VAL_GENERATIONS_KEY
@@ -238,6 +239,17 @@ class Trainer:
             self.kl_coef = float(extra.get("kl_coef", self.kl_coef))
         self._truncate_trained_log(self.step)
         return extra
+
+    def resume_validations(self, cancelled: Optional[int], finished: Sequence[dict[str, Any]]) -> None:
+        """After a restart (healing/trainer.py): log what the dead trainer left (`restart_validations`), and validate
+        the restored version again when its validation died with the trainer."""
+        keep, again = restart_validations(cancelled, finished, self.version, self._validation_due())
+        self._log_validations(keep)
+        if again:
+            if self.val_async:
+                self._start_validation()
+            else:
+                self.validate()
 
     def note_restart(self, restarts: int, recovery_s: float) -> None:
         """This Trainer replaced one that died (healing/trainer.py): its metrics say so (fault/trainer_*)."""
