@@ -265,6 +265,9 @@ def test_gloo_sync_with_ray_actors_is_bit_exact(trainer_and_replicas):
     assert ray.get(side.state.remote(), timeout=30) == (1, 1)
     assert m1["sync/engine_ranks"] == 2.0 and m1["sync/verified_tensors"] == len(reference)
     assert m1["sync/buckets"] > 1 and m1["timing_s/param_sync"] > 0
+    # where the seconds went: the gathers are part of the trainer's send; both sides took time within the sync
+    assert 0 < m1["timing_s/sync_gather"] <= m1["timing_s/sync_send"] <= m1["timing_s/param_sync"]
+    assert 0 < m1["timing_s/sync_receive_load"] <= m1["timing_s/param_sync"]
     # every replica received and LOADED (checksums of its own parameters) exactly the trainer's weights
     for who, got in sync.last["receivers"].items():
         assert got["checksums"] == reference, who

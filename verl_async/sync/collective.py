@@ -193,6 +193,20 @@ def send_buckets(group: Optional[WeightSyncGroup], plan: Sequence[Bucket], tenso
     return {"bytes": sent, "buckets": len(plan), "checksums": checksums, "gather_s": t_gather}
 
 
+def sync_phases(sender: dict[str, Any], receivers: dict[str, Any]) -> dict[str, float]:
+    """Where a collective sync's seconds went: the trainer's gathers of full tensors (`gather_s`, inside its send), its
+    whole send (gathers, bucket copies, broadcasts), and the slowest replica's receive with its weight load."""
+    out = {}
+    if "gather_s" in sender:
+        out["timing_s/sync_gather"] = float(sender["gather_s"])
+    if "seconds" in sender:
+        out["timing_s/sync_send"] = float(sender["seconds"])
+    received = [float(r["seconds"]) for r in receivers.values() if isinstance(r, dict) and "seconds" in r]
+    if received:
+        out["timing_s/sync_receive_load"] = max(received)
+    return out
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type != "cpu":
         from verl_async.utils import device as device_layer
@@ -532,6 +546,7 @@ class CollectiveSync(SyncDriver):
             "sync/gbps": nbytes / max(seconds, 1e-9) / 1e9,
             "sync/engine_ranks": float(self._world - 1),
         }
+        metrics.update(sync_phases(sender, receivers))
         if self.verify:
             metrics["sync/verified_tensors"] = float(len(sender["checksums"]))
         return metrics
