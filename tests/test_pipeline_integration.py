@@ -6,9 +6,7 @@ import collections
 import json
 import math
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +16,6 @@ import pytest
 import ray
 import torch
 
-from tests.entry_point import run_main
 from verl_async.config import compose, validate
 from verl_async.data import builtin, write_rows
 from verl_async.pipeline import PipelineError, run
@@ -290,35 +287,6 @@ class TestReplicaKilledForGood:
             run_pipeline(tmp_path, tiny_model_dir, data_files, "rollout.total_epochs=100", "rollout.total_rollout_steps=800",
                          "data.max_response_length=48")
         killer.join(timeout=10)
-
-
-class TestKilledDriver:
-    def test_killed_driver_resumes_and_trains_each_prompt_exactly_once(self, ray_session, tmp_path, tiny_model_dir,
-                                                                       data_files):
-        """SIGKILL the whole run (a process of its own, with its own Ray) after its second checkpoint, resume (the same
-        command in this process, on the session's Ray: tests/entry_point.py), count: every prompt once."""
-        command = overrides(tmp_path, tiny_model_dir, data_files,
-                            "rollout.total_rollout_steps=16", "trainer.save_freq=1", "trainer.resume_mode=auto",
-                            "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
-                            "data.max_response_length=24", "ray_init.num_cpus=2")
-        command = [a if not a.startswith("trainer.logger=") else "trainer.logger=[tensorboard,file]" for a in command]
-        args = [sys.executable, "-m", "recipe.fully_async_main", *command]
-        env = dict(os.environ, PYTHONPATH=REPO, RAY_DEDUP_LOGS="0")
-        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        marker = tmp_path / "run" / "global_step_3" / "actor" / "meta.json"
-        deadline = time.time() + 240
-        while time.time() < deadline and not marker.exists() and proc.poll() is None:
-            time.sleep(0.2)
-        assert marker.exists(), "no checkpoint before the deadline: " + (proc.stderr.read().decode()[-3000:] if proc.poll() is not None else "")
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        resumed = run_main(command)
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        said = re.search(r"resuming from \S+/global_step_\d+/actor \(step (\d+) of 8\)", resumed.stdout)  # 16 / 2
-        assert said, resumed.stdout[-3000:]
-        k = int(said.group(1))
-        assert f"{8 - k} steps trained (resumed at step {k}, now at step 8)" in resumed.stdout, resumed.stdout[-2000:]
-        assert_each_prompt_and_step_once(tmp_path, prompts=16, steps=8)
 
 
 class TestFilterGroups:
