@@ -135,9 +135,9 @@ class TestSynchronousRun:
 
 @pytest.fixture(scope="module")
 def async_run(ray_session, tmp_path_factory, tiny_model_dir, data_files):
-    """One fully async run (staleness 1, a sync every 2 steps, partial rollout) whose scorer raises on every
-    odd-length response: the exactly-once test and the scorer-exceptions test assert on it (one run instead of two,
-    issue 39)."""
+    """One fully async run (staleness 1, a sync every 2 steps, partial rollout, weights over the gloo collective)
+    whose scorer raises on every odd-length response: the exactly-once test, the scorer-exceptions test and the
+    collective-transport test assert on it (one run instead of three, issue 39)."""
     root = tmp_path_factory.mktemp("async")
     scorer = root / "flaky_scorer.py"
     scorer.write_text(
@@ -151,7 +151,7 @@ def async_run(ray_session, tmp_path_factory, tiny_model_dir, data_files):
         root, tiny_model_dir, data_files,
         "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=2",
         "async_training.partial_rollout=true", f"debug.save_rollout_data='{pattern}'",
-        f"custom_reward_function.path={scorer}",
+        f"custom_reward_function.path={scorer}", "async_training.sync_transport=gloo",
     )
     return root, summary, pattern
 
@@ -193,6 +193,19 @@ class TestAsyncRun:
         acc = EventAccumulator(str(folder / [f for f in os.listdir(folder) if f.startswith("events")][0]))
         acc.Reload()
         assert acc.Scalars("reward/scorer_errors")[-1].value > 0
+
+    def test_every_sync_is_a_gloo_collective(self, async_run):
+        """The real pipeline (Rollouter, queue, Trainer) with sync_transport=gloo: every sync is a collective."""
+        from verl_async.utils.timeline import read_spans
+
+        tmp_path, summary, _ = async_run
+        assert summary["trainer/steps"] == 4 and summary["trainer/version"] == 2
+        syncs = [s for s in read_spans(str(tmp_path / "run" / "timeline.jsonl")) if s["kind"] == "sync"]
+        assert len(syncs) >= 3  # the initial push + one per version
+        from verl_async.utils.tb_read import read_scalars
+
+        ranks = read_scalars(str(tmp_path / "run"))["sync/engine_ranks"]  # the collective's own metric
+        assert [p.value for p in ranks] == [1.0, 1.0]  # versions 1 and 2 broadcast to the one engine rank
 
 
 @pytest.fixture(scope="module")
