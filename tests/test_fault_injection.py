@@ -50,15 +50,9 @@ def run_failing(tmp_path, model_dir, data_files, fail: str, *extra: str) -> tupl
     return proc, time.monotonic() - t0
 
 
-def test_every_replica_failing_stops_the_run_with_the_engine_error(ray_session, tmp_path, tiny_model_dir, data_files):
-    proc, wall = run_failing(tmp_path, tiny_model_dir, data_files, "all", "trainer.val_before_train=false")
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert ("run failed: the rollouter failed: EngineFailure: every engine replica is out of rotation "
-            "(replica 0: 32 failed requests in a row, last error: injected failure on replica 0") in proc.stderr
-    assert wall < STOP_WITHIN_S, wall
-
-
 def test_failed_validation_is_an_error_not_an_accuracy_of_zero(ray_session, tmp_path, tiny_model_dir, data_files):
+    """Every replica failing: the validation before training fails (an error, not an accuracy of 0), then the run
+    stops with the engine error and exit 1 by itself (one run for both claims)."""
     proc, wall = run_failing(tmp_path, tiny_model_dir, data_files, "all", "trainer.val_before_train=true")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     # the validation's error is reported and the run goes on, until the engines' failures stop it
@@ -66,6 +60,8 @@ def test_failed_validation_is_an_error_not_an_accuracy_of_zero(ray_session, tmp_
             "validation at version 0: all 4 generation requests failed (first error: injected failure") in proc.stdout
     assert ("run failed: the rollouter failed: EngineFailure: every engine replica is out of rotation"
             in proc.stderr)
+    assert ("run failed: the rollouter failed: EngineFailure: every engine replica is out of rotation "
+            "(replica 0: 32 failed requests in a row, last error: injected failure on replica 0") in proc.stderr
     assert "val/mean@1/acc=0.000" not in proc.stdout
     assert wall < STOP_WITHIN_S, wall
 

@@ -1,11 +1,14 @@
 """Fault drills on CPU (docs/healing.md): real processes killed with SIGKILL under `python -m recipe.fully_async_main`.
 
 One run is killed (`kill -9` of its process group, as by hand) after its second checkpoint and started
-again with the same command, which continues the responses that checkpoint held in flight; that run
-then takes every process fault: an engine replica dies in the middle of a request
-(`debug.fail_replicas=['0:die@N']`), a trainer rank dies in the middle of an update and the Trainer
-actor during a sync (`debug.fail_trainer`). It heals from each. Across both, every prompt is trained
-exactly once and the steps are those of an uninterrupted run. A second drill kills a whole Ray node
+again with the same command (in the test process, on the session's Ray: tests/entry_point.py), which
+continues the responses that checkpoint held in flight; that run then takes every process fault: an
+engine replica dies in the middle of a request (`debug.fail_replicas=['0:die@N']`), a trainer rank
+dies in the middle of an update and the Trainer actor during a sync (`debug.fail_trainer`). It heals
+from each. Across both, every prompt is trained exactly once and the steps are those of an
+uninterrupted run, in the trained log, metrics.jsonl and TensorBoard (nothing the killed process
+logged after its checkpoint left behind). This drill is also the killed driver's test (the run killed
+as a whole and resumed by the same command). A second drill kills a whole Ray node
 (ray.cluster_utils) that holds the engine replicas: they restart on the spare node and rejoin.
 """
 
@@ -23,7 +26,8 @@ import time
 
 import pytest
 
-from tests.entry_point import ran_in_a_fresh_process
+from tests.entry_point import ran_in_a_fresh_process, run_main
+from tests.test_pipeline_integration import assert_each_prompt_and_step_once
 from verl_async.data import builtin, write_rows
 
 pytestmark = pytest.mark.slow
@@ -60,7 +64,7 @@ def trained(run_dir) -> tuple[collections.Counter, list[int]]:
 
 
 def test_a_killed_run_resumes_its_partial_responses_and_heals_from_a_dead_replica_rank_and_trainer(
-        tmp_path, tiny_model_dir, train_file):
+        ray_session, tmp_path, tiny_model_dir, train_file):
     run = tmp_path / "run"
     args = [
         sys.executable, "-m", "recipe.fully_async_main", f"actor_rollout_ref.model.path={tiny_model_dir}",
@@ -69,7 +73,7 @@ def test_a_killed_run_resumes_its_partial_responses_and_heals_from_a_dead_replic
         # one sequence per replica: a sync often finds requests in flight (not always: see in_flight_tokens below)
         "actor_rollout_ref.rollout.max_num_seqs=1", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.n_gpus_per_node=2", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "trainer.logger=[console,file]", "trainer.save_freq=1",
+        "trainer.val_before_train=false", "trainer.logger=[console,file,tensorboard]", "trainer.save_freq=1",
         "trainer.max_actor_ckpt_to_keep=3", f"trainer.default_local_dir={run}", "ray_init.num_cpus=2",
         "debug.fail_replicas=['0:die@5']", "debug.fail_trainer=[rank0:die@update6,actor:die@sync5]",
         f"hydra.run.dir={tmp_path / 'hydra'}",
@@ -90,8 +94,9 @@ def test_a_killed_run_resumes_its_partial_responses_and_heals_from_a_dead_replic
     assert marker.exists(), (tmp_path / "first.log").read_text()[-4000:]
     held = in_flight_tokens(run / "global_step_2" / "actor")  # read now: the resumed run keeps the 3 newest only
 
-    # 2. the same command: it continues the responses that checkpoint held in flight, and heals from the rest
-    resumed = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    # 2. the same command (in this process: tests/entry_point.py): it continues the responses that checkpoint held in
+    # flight, and heals from the rest
+    resumed = run_main(args[3:], env=env)
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-4000:]
     assert f"resuming from {run}/global_step_2/actor (step 4 of 16)" in out, out[-3000:]
@@ -121,6 +126,9 @@ def test_a_killed_run_resumes_its_partial_responses_and_heals_from_a_dead_replic
     uids, steps = trained(run)
     assert len(uids) == PROMPTS and set(uids.values()) == {1}, uids  # none lost, none twice
     assert steps == list(range(16))  # as an uninterrupted run
+    # each step logged once (metrics.jsonl, TensorBoard): what the killed process and the dead trainers logged
+    # after their checkpoints is gone (issue 42, item 7)
+    assert_each_prompt_and_step_once(tmp_path, prompts=PROMPTS, steps=16)
 
 
 def test_a_dead_node_holding_the_replicas_heals_on_the_spare_node(request, tmp_path, tiny_model_dir, train_file):

@@ -4,7 +4,10 @@ Load it the supported way (builtin://smollm2-135m-instruct: GGUF converted once 
 cached HF folder), check its chat template renders the arithmetic task, check the native
 engine's log-probs against the plain HF forward in float32, and train a few GRPO steps
 through `python -m recipe.fully_async_main` with recomputed old log-probs, whose
-train/rollout gap the trainer measures itself.
+train/rollout gap the trainer measures itself. That run has the calculator tool on (multi-turn,
+as the README's multi-turn command, shortened): one real-model run in CI for both (the plain
+single-turn pipeline is every tiny-model run's; tests/test_real_model_tools.py checks the tool
+turn against an HF forward).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 import pytest
 import torch
 
-from data_preprocess import arithmetic
+from data_preprocess import arithmetic, arithmetic_tools
 from tests.entry_point import run_main
 from verl_async.data import write_rows
 
@@ -29,6 +32,7 @@ pytestmark = [
 ]
 MODEL = "builtin://smollm2-135m-instruct"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL_CONFIG = os.path.join(REPO, "config", "tool_config", "calculator_tool_config.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +40,6 @@ def model_dir() -> str:
     from verl_async.models.builtin import resolve_model_path
 
     return resolve_model_path(MODEL)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("arith")
-    splits = arithmetic.generate_splits(train_size=64, test_size=4, seed=5)
-    return tuple(write_rows(splits[s], str(folder / f"{s}.parquet")) for s in ("train", "test"))
 
 
 def test_loads_as_an_hf_folder_with_its_chat_template(model_dir):
@@ -95,18 +92,24 @@ def test_native_engine_log_probs_equal_the_hf_forward(model_dir):
 class TestGrpoThroughTheEntryPoint:
     """A class: a unit of its own for the test workers (--dist loadscope), beside the bitwise tests."""
 
-    def test_grpo_steps_through_the_entry_point(self, ray_session, tmp_path, data):
+    def test_grpo_steps_through_the_entry_point(self, ray_session, tmp_path):
+        """GRPO with the calculator on (multi-turn): the trainer recomputes the engine's log-probs over the whole
+        trajectory (model turns, tool answers masked), validations before training and at version 2."""
         from verl_async.utils.tb_read import read_scalars
 
-        train, test = data
+        splits = arithmetic_tools.generate_splits("calculator", 32, 2, seed=5)
+        train, test = (write_rows(splits[s], str(tmp_path / f"{s}.parquet")) for s in ("train", "test"))
         run_dir = tmp_path / "run"
         cmd = [  # the command in this process, on the session's Ray (tests/entry_point.py)
             f"actor_rollout_ref.model.path={MODEL}", f"data.train_files={train}", f"data.val_files={test}",
-            "data.max_prompt_length=192", "data.max_response_length=24",
+            "data.max_prompt_length=384", "data.max_response_length=40",
             "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.temperature=0.7",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2", "rollout.total_rollout_steps=4",
             "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
             "async_training.partial_rollout=false", "async_training.use_rollout_log_probs=false",
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOL_CONFIG}",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
             "reward_model.gsm8k_method=flexible", "trainer.val_before_train=true", "trainer.test_freq=2",
             "trainer.logger=[console,tensorboard]", f"trainer.default_local_dir={run_dir}",
             f"hydra.run.dir={tmp_path / 'hydra'}", "ray_init.num_cpus=4",
@@ -124,6 +127,12 @@ class TestGrpoThroughTheEntryPoint:
             assert scalars.get(tag), f"{tag} not logged"
         # before training and at version 2 (test_freq=2); the end of the run reuses the latter, not a second pass
         assert [p.step for p in scalars["val/mean@1/acc"]] == [0, 2]
+        # the tools: every response one trajectory (4 prompts x n=2), the validation's 2 questions too
+        assert scalars["multi_turn/trajectories_total"][-1].value == 8.0  # 4 prompts x n=2, each one trajectory
+        assert scalars["val/multi_turn/trajectories_total"][-1].value == 2.0
+        for key in ("multi_turn/turns/mean", "multi_turn/tool_call_rate", "multi_turn/masked_token_share",
+                    "multi_turn/ended_by_turn_limit"):
+            assert key in scalars, key
 
 
 @pytest.mark.parametrize("device, dtype", [("cpu", "float32"), ("cpu", "bfloat16"),

@@ -310,24 +310,5 @@ def test_dead_replica_fails_with_a_clear_error(trainer_and_replicas):
         sync.push(7)
 
 
-@pytest.mark.slow
-def test_pipeline_trains_with_the_gloo_collective_transport(ray_session, tiny_model_dir, tmp_path):
-    """The real pipeline (Rollouter, queue, Trainer) with sync_transport=gloo: every sync is a collective."""
-    from verl_async.config import validate
-    from verl_async.config.cli import compose
-    from verl_async.pipeline import run
-    from verl_async.utils.timeline import read_spans
-
-    a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-    cfg = validate(compose(overrides=[
-        f"actor_rollout_ref.model.path={tiny_model_dir}", "data.val_files=null", "data.max_response_length=12",
-        "rollout.total_rollout_steps=4", f"{a}.ppo_mini_batch_size=2", f"{r}.n=2", f"{r}.max_num_seqs=4",
-        "async_training.sync_transport=gloo", "async_training.staleness_threshold=0.5",
-        "async_training.trigger_parameter_sync_step=1", "async_training.partial_rollout=true",
-        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.logger=[tensorboard]",
-        "trainer.resume_mode=disable", f"trainer.default_local_dir={tmp_path}",
-    ]))
-    summary = run(cfg)
-    assert summary["trainer/steps"] == 2 and summary["trainer/version"] == 2
-    syncs = [s for s in read_spans(str(tmp_path / "timeline.jsonl")) if s["kind"] == "sync"]
-    assert len(syncs) >= 3  # the initial push + one per step
+# The real pipeline with sync_transport=gloo: tests/test_pipeline_integration.py TestAsyncRun (its fully async run
+# syncs over the gloo collective: test_every_sync_is_a_gloo_collective).

@@ -7,9 +7,11 @@ part); every test first restores the initial checkpoint and its runtime options.
 from __future__ import annotations
 
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import ray
 import torch
 from trainer_helpers import compose_config, make_batch, with_advantages
 
@@ -173,18 +175,36 @@ def _one_micro_batch_reference(one: FSDPWorkerGroup, b):
     return m_ref, w_ref
 
 
-def _reduce_scatters(trace_path: str) -> int:
-    """FSDP2 reduce-scatter calls of one rank's profile trace (the c10d op, one per FSDP group and reduction)."""
-    import gzip
-    import json
+def _count_reduce_scatters(worker) -> None:
+    """In a rank's process (Ray's `__ray_call__`): from now on each update counts the reduce-scatters it issues (the
+    c10d ops FSDP2 calls, seen by a TorchDispatchMode around the whole update: forward, backward and its hooks)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    with gzip.open(trace_path, "rt") as f:
-        events = json.load(f)["traceEvents"]
-    return sum(1 for e in events if e.get("ph") == "X" and "reduce_scatter" in e.get("name", "")
-               and e.get("name", "").startswith("c10d::"))
+    class ReduceScatters(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "c10d" and "reduce_scatter" in func.__name__:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    update = type(worker)._update
+
+    def counted(*args, **kwargs):
+        with ReduceScatters() as seen:
+            result = update(worker, *args, **kwargs)
+        worker.reduce_scatters = seen.count
+        return result
+
+    worker._update = counted
 
 
-def test_gradients_reduce_once_per_mini_batch_and_equal_one_micro_batch(groups, tmp_path):
+def _reduce_scatters(group: FSDPWorkerGroup) -> list[int]:
+    """Each rank's reduce-scatters in the last update (after `_count_reduce_scatters`)."""
+    return ray.get([w.__ray_call__.remote(lambda worker: worker.reduce_scatters) for w in group.workers], timeout=60)
+
+
+def test_gradients_reduce_once_per_mini_batch_and_equal_one_micro_batch(groups):
     """fsdp_config.grad_accum_no_sync: FSDP2 skips the reduce-scatter of all micro-batches but the last of a
     mini-batch. Same weights as reducing every micro-batch, and as one micro-batch on one rank holding the same
     rows (no accumulation at all: an independent reference), with a dummy micro-batch that is the LAST one on a
@@ -214,18 +234,29 @@ def test_gradients_reduce_once_per_mini_batch_and_equal_one_micro_batch(groups, 
         if name.startswith("2 micro"):
             assert micro_counts[name][1] == 1
     m_ref, w_ref = _one_micro_batch_reference(groups[1], b)
+    # the ranks' processes cannot import this test module: its functions travel by value
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.get([w.__ray_call__.remote(_count_reduce_scatters) for w in groups[2].workers], timeout=60)
+    try:
+        _accumulate_every_layout(groups[2], b, layouts, micro_counts, m_ref, w_ref)
+    finally:  # the module's other tests: the plain update again
+        ray.get([w.__ray_call__.remote(lambda worker: bool(worker.__dict__.pop("_update", None)))
+                 for w in groups[2].workers], timeout=60)
+
+
+def _accumulate_every_layout(two: FSDPWorkerGroup, b, layouts: dict, micro_counts: dict, m_ref, w_ref) -> None:
     for name, layout in layouts.items():
         runs = {}
         for no_sync in (True, False):
-            g = reset(groups[2], grad_accum_no_sync=no_sync, **layout)
-            m = g.update(b, profile={"dir": str(tmp_path), "tag": f"{len(runs)}{name[:1]}"})
-            runs[no_sync] = (m, weights(g))
+            g = reset(two, grad_accum_no_sync=no_sync, **layout)
+            m = g.update(b)
+            runs[no_sync] = (m, weights(g), _reduce_scatters(g))
             assert m["actor/grad_norm"] == pytest.approx(m_ref["actor/grad_norm"], rel=1e-4), (name, no_sync)
             for k in w_ref:
                 assert torch.allclose(runs[no_sync][1][k], w_ref[k], rtol=1e-5, atol=1e-6), \
                     f"{name} no_sync={no_sync}: {k} differs by {float((runs[no_sync][1][k] - w_ref[k]).abs().max())}"
         for rank in (0, 1):
-            on, off = (_reduce_scatters(runs[v][0]["perf/profile"][rank]["trace"]) for v in (True, False))
+            on, off = (runs[v][2][rank] for v in (True, False))
             # per FSDP group: one reduce-scatter per mini-batch with no_sync, one per micro-batch without
             assert on > 0 and on * sum(micro_counts[name]) == off * len(micro_counts[name]), (name, rank, on, off)
         for k in w_ref:
