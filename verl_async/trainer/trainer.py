@@ -242,14 +242,12 @@ class Trainer:
 
     def resume_validations(self, cancelled: Optional[int], finished: Sequence[dict[str, Any]]) -> None:
         """After a restart (healing/trainer.py): log what the dead trainer left (`restart_validations`), and validate
-        the restored version again when its validation died with the trainer."""
+        the restored version again when its validation died with the trainer. Only a validation beside training
+        (val_async) can be cancelled by a death, so the one run again is one beside training too."""
         keep, again = restart_validations(cancelled, finished, self.version, self._validation_due())
         self._log_validations(keep)
         if again:
-            if self.val_async:
-                self._start_validation()
-            else:
-                self.validate()
+            self._start_validation()
 
     def note_restart(self, restarts: int, recovery_s: float) -> None:
         """This Trainer replaced one that died (healing/trainer.py): its metrics say so (fault/trainer_*)."""
