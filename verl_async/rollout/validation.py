@@ -173,6 +173,7 @@ class Validator:
 
         timed = [_EngineBusyTimed(e, self.engine_busy) for e in engines]
         lost_replicas: set[int] = set()  # seen dead in this validation: their requests go to the others
+        lost_error = ["every replica was lost"]  # the last loss seen (a missing sample's error)
 
         async def one(item, j: int):
             async with sem:
@@ -193,8 +194,6 @@ class Validator:
                     except ReplicaLost as lost:
                         lost_replicas.add(at)
                         lost_error[0] = str(lost)
-
-        lost_error = ["every replica was lost"]
 
         items = list(self.dataset)
         results = await asyncio.gather(*(one(item, j) for item in items for j in range(k)))
