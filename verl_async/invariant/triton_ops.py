@@ -55,15 +55,17 @@ def triton_problem(device: torch.device | str) -> Optional[str]:
     if kind == "cuda":
         return None
     if kind == "cpu" and os.environ.get(INTERPRET_ENV) == "1":
+        import triton.language as tl
+
+        if type(tl.zeros).__name__ != "InterpretedFunction":  # triton's own @jit helpers were built for a GPU
+            return (f"triton was imported before {INTERPRET_ENV}=1 was set; set it before triton's first import "
+                    f"(a fresh process) to run the kernels on CPU")
         return None
     return f"the Triton kernels run on CUDA (or on CPU under {INTERPRET_ENV}=1), not on {kind!r}"
 
 
 @functools.cache
 def _kernels():
-    problem = triton_problem("cuda")
-    if problem is not None:
-        raise RuntimeError(problem)
     from verl_async.invariant import _triton_kernels
 
     return _triton_kernels
