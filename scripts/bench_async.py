@@ -261,7 +261,9 @@ def run_one(name: str, args: argparse.Namespace, model: str, data: str) -> dict[
     out.update(timeline_metrics(run_dir))
     tb = tensorboard_means(run_dir, ("timing_s/param_sync", "timing_s/sync_total", "perf/max_memory_allocated_gb",
                                      "fully_async/staleness/mean", "fully_async/staleness/max",
-                                     "fully_async/partial_responses", "response_length/mean"))
+                                     "fully_async/partial_responses", "response_length/mean", "perf/mfu/actor",
+                                     "perf/step_tokens_per_s", "timing_s/sync_gather", "timing_s/sync_send",
+                                     "timing_s/sync_receive_load", "sync/bytes"))
     out["tensorboard"] = tb
     out["param_sync_s"] = tb.get("timing_s/param_sync", {}).get("mean", float("nan"))
     out["trainer_peak_mem_gb"] = tb.get("perf/max_memory_allocated_gb", {}).get("max", float("nan"))
