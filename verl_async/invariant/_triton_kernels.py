@@ -34,7 +34,7 @@ def linear_kernel(x_ptr, w_ptr, b_ptr, o_ptr, M, N, K,
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # M x N passes 2**31 at 16k rows x 152k vocab
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
@@ -67,7 +67,7 @@ def rms_norm_kernel(x_ptr, w_ptr, o_ptr, M, H, stride_xm, stride_om, eps,
                     BLOCK: tl.constexpr):
     """HF's Llama/Qwen RMSNorm of one row: float32 inside, `h / sqrt(mean(h^2) + eps)` rounded to x's dtype,
     then times the weight (as torch's `weight * normed.to(dtype)`: a float32 product rounded once)."""
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     cols = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)

@@ -38,7 +38,7 @@ class TeacherOutput:
 def response_log_probs(logits: torch.Tensor, tokens: torch.Tensor, topk: Optional[int]) -> TeacherOutput:
     """`logits` [R, V] predicting `tokens` [R] (the response): the teacher's outputs for them (float32)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    out = TeacherOutput(log_probs=logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1).cpu())
+    out = TeacherOutput(log_probs=logp.gather(-1, tokens.to(logp.device).long().unsqueeze(-1)).squeeze(-1).cpu())
     if topk:
         values, ids = logp.topk(min(int(topk), logp.shape[-1]), dim=-1)
         out.topk_ids, out.topk_log_probs = ids.cpu(), values.cpu()
