@@ -118,6 +118,24 @@ TARGETS = {
 }
 
 
+def test_forced_row_lengths_hold_under_the_cap():
+    """A benchmark row's `extra_info.target_lengths` (scripts/bench_async.py, ignore_eos) caps each response under
+    P-DSR too: the fast pass's cap must not replace the target (it did: short responses ran on to the cap, and the
+    moved ones on to their target after it, doubling the mean length on GPU)."""
+    source = ListSource(5)
+    for item in source.items:
+        item.extra_info = {"target_lengths": TARGETS[item.uid]}
+    queue = MessageQueue(capacity=64, group_size=3)
+    engines = [FakeEngine(seed=k, max_len=100, token_delay=0.0005) for k in range(2)]
+    ro = Rollouter(engines=engines, prompts=source, scorer=score, sink=Sink(queue), n=3,
+                   sampling=SamplingParams(max_tokens=100, seed=0, ignore_eos=True), budget=RecordingBudget(64),
+                   partial_rollout=True, max_inflight_groups=64, scheduling=PDSRPolicy,
+                   scheduling_kwargs={"batch_size": 5, "batch_timeout_s": 30})
+    groups = {g.uid: g for g in asyncio.run(asyncio.wait_for(produce(ro, queue), 30))}
+    assert {uid: [len(r) for r in g.responses] for uid, g in groups.items()} == TARGETS
+    assert sum(r.sched.get("moved", False) for g in groups.values() for r in g.responses) == 4  # as constructed
+
+
 def run_constructed(tmp_path, restart):
     log = tmp_path / "rollout" / "lengths.jsonl"
     ro, q = make(5, targets=TARGETS, log=str(log), batch_size=5, batch_timeout_s=30, restart=restart)

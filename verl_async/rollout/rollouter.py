@@ -490,8 +490,9 @@ class Rollouter:
             finish_reason="abort",
         )
         sampling = self.sampling
-        if max_tokens is None:
-            max_tokens = target_length(item, i)
+        target = target_length(item, i)  # a benchmark's forced length holds under a P-DSR cap too
+        if target is not None:
+            max_tokens = target if max_tokens is None else min(int(max_tokens), target)
         if max_tokens is not None:
             sampling = replace(sampling, max_tokens=min(int(max_tokens), self.sampling.max_tokens))
         if prefix is None and self.agent_loop is None:  # after a resume: continue what the checkpoint held
