@@ -133,7 +133,8 @@ def plot_curves(runs: list[Run], out: str) -> None:
 
 
 def _colors(runs: list[Run]) -> dict[str, str]:
-    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
+               "tab:olive", "tab:cyan"]
     configs = sorted({r.config for r in runs})
     return {c: palette[i % len(palette)] for i, c in enumerate(configs)}
 
