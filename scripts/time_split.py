@@ -18,6 +18,13 @@ union of its spans:
 
 Issue 27 reads "validation 81 s of 181 s, training waited" as val_blocking; with val_async the
 validation runs beside training and val_blocking should fall towards the waits at syncs.
+
+Two more columns measure issue 42's "validation holds the trainer <= 5% of the training window":
+the training window runs from the first training step's start to the last one's end, and
+`val_blocking_training` is the part of val_blocking inside it. A validation before the first step
+(`val_before_train`, which blocks in verl too) delays the start; the final one runs after the last
+step. Neither can stall a training that is under way, so both stay in val_blocking and out of this
+column.
 """
 
 from __future__ import annotations
@@ -90,6 +97,11 @@ def time_split(spans: Sequence[dict]) -> dict[str, float]:
     }
     for phase in PHASES:
         out[f"{phase}_frac"] = out[phase] / out["window_s"] if out["window_s"] > 0 else 0.0
+    training_window = [(train[0][0], train[-1][1])] if train else []
+    out["training_window_s"] = length(training_window)
+    out["val_blocking_training"] = length(intersect(blocking, training_window))
+    out["val_blocking_training_frac"] = (out["val_blocking_training"] / out["training_window_s"]
+                                         if out["training_window_s"] > 0 else 0.0)
     return out
 
 
@@ -107,10 +119,12 @@ def read_timeline(run: str) -> list[dict]:
 
 def markdown(rows: dict[str, dict[str, float]]) -> str:
     """One row per run: window, then seconds (share) per phase."""
-    head = "| run | window s | " + " | ".join(PHASES) + " |"
-    lines = [head, "|" + "---|" * (len(PHASES) + 2)]
+    head = "| run | window s | " + " | ".join(PHASES) + " | training window s | val_blocking_training |"
+    lines = [head, "|" + "---|" * (len(PHASES) + 4)]
     for name, split in rows.items():
         cells = [f"{split[p]:.1f} ({100 * split[f'{p}_frac']:.0f}%)" for p in PHASES]
+        cells += [f"{split['training_window_s']:.1f}",
+                  f"{split['val_blocking_training']:.1f} ({100 * split['val_blocking_training_frac']:.1f}%)"]
         lines.append(f"| {name} | {split['window_s']:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

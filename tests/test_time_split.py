@@ -63,12 +63,25 @@ def test_a_blocking_validation_is_counted_as_holding_the_trainer(ts):
     assert out["generation"] == 15 and out["training"] == 10 and out["trainer_wait"] == 5
     assert out["validation"] == 12 and out["val_blocking"] == 12  # 4 before the first step + 8 inside the sync
     assert out["sync"] == 11 - 8 and out["val_blocking_frac"] == pytest.approx(0.4)
+    # the training window is 20..40: the validation before the first step is outside it, the one in the sync inside
+    assert out["training_window_s"] == 20 and out["val_blocking_training"] == 8
+    assert out["val_blocking_training_frac"] == pytest.approx(0.4)
 
 
 def test_a_validation_beside_training_holds_the_trainer_only_where_a_sync_waits_for_it(ts):
     out = ts["time_split"](BESIDE)
     assert out["validation"] == 8 and out["val_blocking"] == 1  # the val_wait inside the sync of version 3
     assert out["sync"] == 1 + 1 + 2 - 1 and out["training"] == 17
+    assert out["training_window_s"] == 20 and out["val_blocking_training_frac"] == pytest.approx(0.05)
+
+
+def test_validations_before_the_first_step_and_after_the_last_are_outside_the_training_window(ts):
+    spans = [span("sync", "sync", 0, 1), span("rollout/validation", "validate", 1, 5),  # before the first step
+             span("trainer/driver", "train", 5, 15), span("sync", "sync", 15, 16, 1),
+             span("trainer/driver", "train", 16, 25), span("rollout/validation", "validate", 25, 30, 1)]
+    out = ts["time_split"](spans)
+    assert out["val_blocking"] == 4 and out["validation"] == 9  # the final one holds no training: not blocking
+    assert out["training_window_s"] == 20 and out["val_blocking_training"] == 0
 
 
 def test_markdown_from_folders_and_archives(ts, tmp_path, capsys):
@@ -81,6 +94,7 @@ def test_markdown_from_folders_and_archives(ts, tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| run | window s | generation")
     assert lines[2].startswith("| blocking | 30.0 | 15.0 (50%)") and "| 12.0 (40%) | 12.0 (40%) |" in lines[2]
+    assert lines[2].endswith("| 20.0 | 8.0 (40.0%) |")
     assert lines[3].startswith("| beside-2 | 30.0 |")
 
 
