@@ -157,6 +157,28 @@ def test_bad_inputs_are_named():
         triton_ops.linear_forward(x.long(), _rand(3, 8, dtype=torch.float32, seed=1))
 
 
+@kernels
+def test_ops_take_the_kernels_where_use_triton_says_so(monkeypatch):
+    """ops.linear / ops.rms_norm (what the engine and trainer call in true on-policy mode) run the Triton kernels
+    when `use_triton` holds (on CUDA), return a tensor of their own (FSDP2 hooks module outputs, not views), and
+    keep gradients; VERL_ASYNC_INVARIANT_TRITON=0 turns the path off."""
+    from verl_async.invariant import ops
+
+    monkeypatch.setattr(triton_ops, "use_triton", lambda device: True)  # CPU here: the interpreter stands in
+    x = _rand(5, 40, dtype=torch.float32, seed=11).requires_grad_()
+    w, b = _rand(24, 40, dtype=torch.float32, seed=12), _rand(24, dtype=torch.float32, seed=13)
+    got = ops.linear(x, w, b, rows=256)
+    assert torch.equal(got, triton_ops.linear_forward(x.detach(), w, b)) and got._base is None
+    got.sum().backward()
+    torch.testing.assert_close(x.grad, w.sum(0).expand(5, 40))
+    norm_w = _rand(40, dtype=torch.float32, seed=14)
+    normed = ops.rms_norm(x.detach(), norm_w, 1e-6, reduce_rows=1024)
+    assert torch.equal(normed, triton_ops.rms_norm_forward(x.detach(), norm_w, 1e-6)) and normed._base is None
+    monkeypatch.undo()
+    monkeypatch.setenv(triton_ops.USE_ENV, "0")
+    assert not triton_ops.use_triton(torch.device("cuda"))
+
+
 def test_where_the_kernels_cannot_run(monkeypatch):
     monkeypatch.delenv(triton_ops.INTERPRET_ENV, raising=False)
     assert "not on 'cpu'" in triton_ops.triton_problem("cpu")

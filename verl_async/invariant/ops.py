@@ -1,8 +1,9 @@
 """Batch-invariant linear, RMSNorm and SiLU: each row's result is the same whatever rows share the call.
 
 Pure tensor functions. On CPU the linear's GEMM and the norm's sum are exact (exact.py: no
-BLAS, thread count or row count can change a bit); on CUDA every call has a fixed shape
-(shapes.py says why). Only the forward values must be invariant: backward passes use plain
+BLAS, thread count or row count can change a bit); on CUDA the linear and the norm are single
+Triton launches whose summation order depends on the weight only (triton_ops.py), and without
+triton every call has a fixed shape (shapes.py says why). Only the forward values must be invariant: backward passes use plain
 full-size kernels (a gradient need not match anything bit for bit), so training pays the
 invariant forward once, not three times.
 
@@ -20,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from verl_async.invariant import exact
+from verl_async.invariant import exact, triton_ops
 
 
 def map_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: Optional[int]) -> torch.Tensor:
@@ -91,6 +92,8 @@ class _InvariantLinear(torch.autograd.Function):
 
 
 def _forward(x, weight, bias, rows, grid):
+    if triton_ops.use_triton(x.device):  # CUDA: one launch for any row count (issue 41), no chunks
+        return triton_ops.linear_forward(x, weight, bias)
     out = x.new_empty((*x.shape[:-1], weight.shape[0]))  # not a view: FSDP2 hooks the root's output
     if x.device.type == "cpu":
         return exact.linear(x, grid if grid is not None else exact.weight_grid(weight), bias, out)
@@ -112,6 +115,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, reduce_rows: Opt
     """HF's Llama/Qwen RMSNorm (float32 inside, the weight applied in the input dtype), with the
     variance as an exact sum on CPU (a fixed-shape row reduction elsewhere) and `1 / sqrt` for
     `rsqrt` (whose CPU paths disagree)."""
+    if triton_ops.use_triton(x.device):  # one launch, one program per row (issue 41)
+        return triton_ops.rms_norm(x, weight, eps)
     dtype = x.dtype
     h = x.float()
     flat = h.reshape(-1, h.shape[-1])

@@ -6,7 +6,9 @@ H100. Here one launch covers any row count, and invariance comes from the kernel
 program per output tile, K summed in a fixed order into float32, no split-K, launch constants that depend on the
 weight's shape and dtype only). Engine and trainer calling these with the same weight get the same bits per row.
 
-Not wired into `ops`/`model` yet: that needs a GPU to verify (scripts/bench_invariant_triton.py). Triton is
+`ops.linear` and `ops.rms_norm` call these on CUDA when triton imports (`use_triton`; VERL_ASYNC_INVARIANT_TRITON=0
+keeps the chunked path). Checked on an H200: 249/249 invariance cases bit-equal up to 16,384 rows, a decoder layer
+at 0.8-1.05x torch's speed and 3.6-35x the chunked path's (bench/RESULTS.md, "Eighth session"). Triton is
 imported on the first kernel call, never at import, so the CPU product path does not need it. On CPU the kernels
 run only under Triton's interpreter (`TRITON_INTERPRET=1`, set before the first call), which the tests use to
 check the kernels' indexing and invariance logic; GPU numerics are checked by the script.
@@ -43,6 +45,24 @@ def matmul_config(out_features: int, in_features: int, dtype: torch.dtype) -> Ma
     IEEE dot, a shorter K step to bound shared memory)."""
     del out_features, in_features  # one config per dtype today; a per-shape table may come after GPU tuning
     return MatmulConfig(block_k=32) if dtype == torch.float32 else MatmulConfig()
+
+
+USE_ENV = "VERL_ASYNC_INVARIANT_TRITON"
+
+
+def use_triton(device: torch.device) -> bool:
+    """Whether `ops` takes the Triton kernels on `device`: CUDA, triton importable, not turned off by
+    VERL_ASYNC_INVARIANT_TRITON=0. Engine and trainer decide alike in one environment, so their bits still match."""
+    return device.type == "cuda" and os.environ.get(USE_ENV, "1") != "0" and _importable()
+
+
+@functools.cache
+def _importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def triton_problem(device: torch.device | str) -> Optional[str]:
@@ -96,7 +116,8 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     cfg = config or matmul_config(n_out, k, weight.dtype)
     x2d = x.reshape(-1, k)
     m = x2d.shape[0]
-    out = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
+    result = torch.empty((*x.shape[:-1], n_out), dtype=x.dtype, device=x.device)  # not a view: FSDP2 hooks outputs
+    out = result.view(m, n_out)
     if m > 0 and n_out > 0:
         interpreted = x.device.type == "cpu"  # (CPU runs only under the interpreter: triton_problem)
         grid = (-(-m // cfg.block_m) * -(-n_out // cfg.block_n),)
@@ -107,7 +128,7 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
             UPCAST=interpreted and x.dtype != torch.float32,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return out.view(*x.shape[:-1], n_out)
+    return result
 
 
 def norm_block(hidden: int) -> tuple[int, int]:
@@ -126,12 +147,13 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()
     m = x2d.shape[0]
-    out = torch.empty((m, h), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    result = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    out = result.view(m, h)
     if m > 0:
         block, warps = norm_block(h)
         _kernels().rms_norm_kernel[(m,)](x2d, weight.contiguous(), out, m, h, x2d.stride(0), out.stride(0),
                                          float(eps), BLOCK=block, num_warps=warps)
-    return out.view(*x.shape[:-1], h)
+    return result
 
 
 def _plain_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
