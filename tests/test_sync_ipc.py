@@ -85,7 +85,7 @@ def test_transport_is_registered():
     assert isinstance(sync, CudaIpcSync) and sync.bucket_bytes == 1 << 20
 
 
-# ------------------------------------------------------------------------------------------ which rank serves which replica
+# ---------------------------------------------------------------------------------- which rank serves which replica
 G = [f"{c * 8}-1111-2222-3333-444444444444" for c in "abcd"]  # four GPUs' UUIDs
 
 
@@ -179,7 +179,7 @@ def test_rollout_side_reports_gpus_and_gives_only_the_named_replicas_their_expor
         asyncio.run(side.load({"layout": [], "nbytes": 1, "handles": {1: "h1"}}, version=5))
 
 
-# ------------------------------------------------------------------------------------------ a rank's sender (host buffers)
+# ---------------------------------------------------------------------------------- a rank's sender (host buffers)
 def _model():
     g = torch.Generator().manual_seed(1)
     shapes = [(300,), (7, 11), (64,), (5, 40), (1,), (90,)]
@@ -371,3 +371,26 @@ def test_push_asks_the_gpus_routes_and_keeps_the_pause_resume_protocol(monkeypat
     assert calls[7:] == ["pause", "gpus", ("send", routes, 5, 64, False), "unwritten", "resume"]  # ranks asked once
     assert out["sync/buckets"] == 3.0 and out["sync/replicas"] == 2.0 and out["val/x"] == 1.0
     assert out["timing_s/sync_gather"] == 0.05 and "timing_s/param_sync" in out
+
+
+def test_every_rank_yields_its_own_gathered_copy_only_when_asked():
+    """FSDPWorker.iter_full_params: rank 0 alone by default (object store, collective); `every_rank` on every rank
+    (cuda_ipc: the rank on a replica's GPU serves it). Driven on a stand-in rank: plain parameters, no gather."""
+    from verl_async.trainer.fsdp_worker import FSDPWorker
+
+    model = torch.nn.Linear(3, 2)
+
+    def rank(index):
+        me = SimpleNamespace(rank=index, model=model, settings=SimpleNamespace(lora=None),
+                             device=SimpleNamespace(torch_device=torch.device("cpu")),
+                             _load_if_offloaded=lambda: None, _offload_if_asked=lambda: None)
+        me._gathered_params = lambda every_rank=False: FSDPWorker._gathered_params(me, every_rank)
+        return me
+
+    def names(index, **kwargs):
+        return [n for n, _ in FSDPWorker.iter_full_params(rank(index), torch.bfloat16, to_cpu=False, **kwargs)]
+
+    assert names(0) == names(0, every_rank=True) == names(1, every_rank=True) == ["weight", "bias"]
+    assert names(1) == []
+    (_, w), _ = FSDPWorker.iter_full_params(rank(1), torch.bfloat16, to_cpu=False, every_rank=True)
+    assert w.dtype == torch.bfloat16 and torch.equal(w, model.weight.detach().to(torch.bfloat16))

@@ -429,6 +429,7 @@ class CudaIpcSync(SyncDriver):
         receivers: dict[str, Any] = {}
         for sender in senders.values():
             receivers.update(sender.get("receivers") or {})
+        metrics = {"timing_s/param_sync": seconds, **ipc_metrics(senders, routes, seconds)}
         self.last = {"routes": routes, "seconds": seconds, "senders": senders, "receivers": receivers,
-                     "checksums": senders[first].get("checksums") or {}}
-        return {"timing_s/param_sync": seconds, **ipc_metrics(senders, routes, seconds)}
+                     "checksums": senders[first].get("checksums") or {}, "metrics": metrics}
+        return metrics
