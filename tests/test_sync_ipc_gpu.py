@@ -96,13 +96,38 @@ DIMS = dict(hidden_size=1024, num_layers=32, num_heads=16, num_kv_heads=4, inter
 ROLLOUT_CFG = {"name": "native", "max_num_seqs": 2, "max_model_len": 64, "seed": 0, "enforce_eager": True}
 
 
-def _model_dirs(tmp_path_factory) -> tuple[str, str]:
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> tuple[str, str]:
     from verl_async.models.tiny import build_tiny_model_dir
 
     trainer_dir = build_tiny_model_dir(str(tmp_path_factory.mktemp("ipc_trainer_model")), seed=0, **DIMS)
     # the engine starts from OTHER random weights: a sync that moved nothing fails the checks
     engine_dir = build_tiny_model_dir(str(tmp_path_factory.mktemp("ipc_engine_model")), seed=123, **DIMS)
     return trainer_dir, engine_dir
+
+
+def _colocated(model_dirs: tuple[str, str], gpus: int):
+    """`gpus` FSDP2 ranks and as many native replicas, sharing the GPUs the way rollout.colocate=true does: each
+    replica asks Ray for no GPU and pins device i."""
+    import ray
+
+    from tests.trainer.trainer_helpers import compose_config
+    from verl_async.rollout.replica import SyncTarget
+    from verl_async.trainer import FSDPWorkerGroup
+
+    trainer_dir, engine_dir = model_dirs
+    group = FSDPWorkerGroup(compose_config(trainer_dir, "trainer.device=cuda", f"trainer.n_gpus_per_node={gpus}",
+                                           "trainer.worker_timeout_s=600"), name=f"test_ipc_trainer{gpus}")
+    group.init()
+    # num_cpus=0: the session's 4 CPUs hold the ranks and the replicas (1 each)
+    side = ray.remote(SyncTarget).options(num_cpus=0, max_concurrency=100).remote(
+        gpus, ROLLOUT_CFG, engine_dir, "cuda", shared_devices=[str(i) for i in range(gpus)], timeout_s=600)
+    try:
+        ray.get(side.weight_sync.remote("cuda_ipc", "gpus"), timeout=600)
+        yield group, side
+    finally:
+        group.shutdown()
+        ray.kill(side)
 
 
 def _timings(group, side, ipc, version: int, rounds: int = 3) -> tuple[int, dict[str, list[float]]]:
@@ -128,26 +153,8 @@ def _line(times: dict[str, list[float]]) -> str:
 
 
 @pytest.fixture  # not module-wide: the 2-GPU test below needs this one's GPU back
-def colocated(ray_session, tmp_path_factory):
-    import ray
-
-    from tests.trainer.trainer_helpers import compose_config
-    from verl_async.rollout.replica import SyncTarget
-    from verl_async.trainer import FSDPWorkerGroup
-
-    trainer_dir, engine_dir = _model_dirs(tmp_path_factory)
-    group = FSDPWorkerGroup(compose_config(trainer_dir, "trainer.device=cuda", "trainer.n_gpus_per_node=1",
-                                           "trainer.worker_timeout_s=600"), name="test_ipc_trainer")
-    group.init()
-    # the replica shares the trainer's GPU the way rollout.colocate=true does: it asks Ray for no GPU and pins id 0
-    side = ray.remote(SyncTarget).options(num_cpus=0.1, max_concurrency=100).remote(
-        1, ROLLOUT_CFG, engine_dir, "cuda", shared_devices=["0"], timeout_s=600)
-    try:
-        ray.get(side.weight_sync.remote("cuda_ipc", "gpus"), timeout=600)
-        yield group, side
-    finally:
-        group.shutdown()
-        ray.kill(side)
+def colocated(ray_session, model_dirs):
+    yield from _colocated(model_dirs, 1)
 
 
 def test_cuda_ipc_push_to_a_colocated_native_replica_is_bit_exact(colocated):
@@ -181,27 +188,8 @@ def test_cuda_ipc_push_to_a_colocated_native_replica_is_bit_exact(colocated):
 
 # ------------------------------------------------------------------------------------------ Ray, 2 GPUs, 2 + 2
 @pytest.fixture
-def colocated_pairs(ray_session, tmp_path_factory):
-    """2 FSDP2 ranks and 2 native replicas, replica i pinned to device i as rollout.colocate=true does."""
-    import ray
-
-    from tests.trainer.trainer_helpers import compose_config
-    from verl_async.rollout.replica import SyncTarget
-    from verl_async.trainer import FSDPWorkerGroup
-
-    trainer_dir, engine_dir = _model_dirs(tmp_path_factory)
-    group = FSDPWorkerGroup(compose_config(trainer_dir, "trainer.device=cuda", "trainer.n_gpus_per_node=2",
-                                           "trainer.worker_timeout_s=600"), name="test_ipc_trainer2")
-    group.init()
-    # num_cpus=0: the session's 4 CPUs hold 2 ranks and 2 replicas (1 each)
-    side = ray.remote(SyncTarget).options(num_cpus=0, max_concurrency=100).remote(
-        2, ROLLOUT_CFG, engine_dir, "cuda", shared_devices=["0", "1"], timeout_s=600)
-    try:
-        ray.get(side.weight_sync.remote("cuda_ipc", "gpus"), timeout=600)
-        yield group, side
-    finally:
-        group.shutdown()
-        ray.kill(side)
+def colocated_pairs(ray_session, model_dirs):
+    yield from _colocated(model_dirs, 2)
 
 
 @pytest.mark.multigpu

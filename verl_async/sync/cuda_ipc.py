@@ -134,8 +134,8 @@ def open_exported(exported: dict[str, Any]) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------- routes (pure)
 ROUTE_HINT = ("rollout.colocate=true pins engine replica i to the node's device i (config/derived.py "
               "colocated_device_ids) and Ray placed the trainer's ranks on other devices: set trainer.n_gpus_per_node "
-              "to the node's GPU count with nothing else on the node, or use async_training.sync_transport="
-              "object_store")
+              "to the node's GPU count (nothing else on the node, no CUDA_VISIBLE_DEVICES subset at start), or use "
+              "async_training.sync_transport=object_store")
 
 
 def _short(uuid: str) -> str:
