@@ -10,11 +10,12 @@ MessageQueue, FSDP2 Trainer, parameter sync), each in its own Ray session:
   all `--gpus` GPUs (one replica + one trainer rank per GPU; `rollout.colocate=true`) with
   `staleness_threshold=0`, `trigger_parameter_sync_step=1`,
   `partial_rollout=false`: all GPUs generate one batch, then all GPUs train on it, then the
-  weights move (object store: NCCL cannot join two processes of one GPU); repeat. This is
-  verl's default (hybrid) trainer's schedule with the same engine and trainer code. Its KV
-  memory is smaller (the trainer lives beside it). Because a colocated trainer could refit
-  through CUDA IPC instead, the table also gives `sync-nosync`: its wall time minus every
-  second spent in parameter sync - the speedups are computed against that (the baseline's best).
+  weights move (`--colocated-transport`, default `auto`: CUDA IPC from each trainer rank to the
+  native replica on its GPU; the object store with vLLM or on CPU; NCCL cannot join two
+  processes of one GPU); repeat. This is verl's default (hybrid) trainer's schedule with the same
+  engine and trainer code. Its KV memory is smaller (the trainer lives beside it). The table also
+  gives `sync-nosync`: its wall time minus every second spent in parameter sync - the speedups
+  are computed against that (the baseline's best).
 * `sS_pP` - fully async, split GPUs: `--gpus/2` rollout GPUs, `--gpus/2` trainer GPUs,
   `staleness_threshold=S`, `partial_rollout=P`, weights over NCCL (gloo on CPU).
 
@@ -135,8 +136,8 @@ def overrides_for(name: str, args: argparse.Namespace, model: str, data: str, ru
     split = args.train_gpus or max(1, args.gpus // 2)
     train_gpus = args.gpus if colocated else split
     rollout_gpus = args.gpus if colocated else args.gpus - split
-    if colocated:
-        transport = "object_store"
+    if colocated:  # auto: cuda_ipc for colocated native replicas on CUDA (config/derived.py), else object_store
+        transport = args.colocated_transport
     else:
         transport = "gloo" if args.device == "cpu" else "nccl"
     mem = args.gpu_memory_sync if colocated else args.gpu_memory
@@ -302,7 +303,7 @@ def table(results: list[dict], base: Optional[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--gpus", type=int, default=4, help="GPUs in total (split half/half for the async runs)")
@@ -326,21 +327,35 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--gpu-memory", type=float, default=0.6, help="vLLM gpu_memory_utilization, split GPUs")
     p.add_argument("--gpu-memory-sync", type=float, default=0.35, help="vLLM gpu_memory_utilization, colocated")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--colocated-transport", choices=("auto", "cuda_ipc", "object_store"), default="auto",
+                   help="async_training.sync_transport of the colocated runs (sync, cS_pP): auto picks cuda_ipc for "
+                        "native replicas on CUDA (issue 37: 2 ranks + 2 replicas of the 3B shape took 25.0 s per "
+                        "sync through object_store)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="0.5b", help="Qwen2.5 shape of the random model")
     p.add_argument("--extra", action="append", default=[], help="one more key=value override for every run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="run folders (default: <out dir>/bench_async_runs)")
     p.add_argument("--out", default="bench/bench_async.json")
-    args = p.parse_args(argv)
-    tiny = args.tiny
+    return p
+
+
+def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The sizes left unset: the tiny smoke check's or the benchmark's."""
     defaults = dict(steps=(2, 8), prompts_per_step=(2, 16), n=(2, 8), max_response_length=(24, 2048),
                     max_prompt_length=(64, 128), length_mean=(8, 512), max_num_seqs=(4, 256),
                     max_tokens_per_gpu=(4096, 8192))
     for key, (small, big) in defaults.items():
         if getattr(args, key) is None:
-            setattr(args, key, small if tiny else big)
+            setattr(args, key, small if args.tiny else big)
     if args.device == "cpu":
         args.engine = "native"
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = make_parser()
+    args = fill_defaults(p.parse_args(argv))
+    tiny = args.tiny
     configs = [c for c in args.configs.split(",") if c]
     bad = [c for c in configs if c != "sync" and CONFIG_RE.match(c) is None]
     if bad:

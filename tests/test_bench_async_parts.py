@@ -32,6 +32,22 @@ def test_bad_config_names_are_refused(bad):
         bench_async.parse_config(bad, 1)
 
 
+@pytest.mark.parametrize("argv, config, want", [
+    ([], "sync", "auto"),  # colocated: cuda_ipc for native replicas on CUDA (config/derived.py), else object_store
+    ([], "c1_p1_t2", "auto"),
+    (["--colocated-transport", "object_store"], "sync", "object_store"),  # the 25.0 s figure's transport
+    (["--colocated-transport", "cuda_ipc"], "c1_p1_t2", "cuda_ipc"),
+    (["--colocated-transport", "object_store"], "s0.5_p1_t4", "nccl"),  # split: always the collective
+])
+def test_colocated_runs_take_the_chosen_transport(argv, config, want):
+    args = bench_async.fill_defaults(bench_async.make_parser().parse_args(["--device", "cuda", "--gpus", "2"] + argv))
+    out = bench_async.overrides_for(config, args, "/m", "/d.parquet", "/run")
+    assert f"async_training.sync_transport={want}" in out
+    colocated = config != "s0.5_p1_t4"
+    assert f"rollout.colocate={str(colocated).lower()}" in out
+    assert f"trainer.n_gpus_per_node={2 if colocated else 1}" in out
+
+
 def test_qwen_shapes_are_the_hub_configs():
     assert bench_async.SHAPES["7b"]["hidden_size"] == 3584 and not bench_async.SHAPES["7b"]["tie_word_embeddings"]
     assert {k: bench_async.SHAPES["1.5b"][k] for k in ("num_hidden_layers", "intermediate_size")} == {

@@ -9,6 +9,11 @@
 #                          BENCH_ARGS adds arguments (e.g. --steps 12), EXTRA_TAG (TAG upper-cased) adds
 #                          key=value overrides (space-separated) to every run of that phase, ARGS_TAG more arguments.
 #                          -> $STORE/bench_TAG.json, bench_TAG.log, bench_TAG-runs.tar.gz (timelines, tensorboard)
+#                          The colocated configs (sync, cS_pP) sync with sync_transport=auto: cuda_ipc from each trainer
+#                          rank to the native replica on its GPU (ARGS_TAG="--colocated-transport object_store": the
+#                          object store, as before issue 37's colocated cuda_ipc), e.g. bench:i:3b:sync+c1_p1_t2
+#   ipctest                tests/test_sync_ipc_gpu.py: cuda_ipc bit-exact on one GPU and 2 ranks -> 2 replicas on two
+#                          GPUs, each timed against the object store (-> $STORE/ipc_test.log)
 #   queue:P1,P2,...        the phases one after another in the background (scripts/device/queue.sh)
 #   wait:SECONDS           wait for the queue, then copy what finished to $OUT (and a snapshot of runs still going)
 set -uo pipefail
@@ -48,6 +53,11 @@ for phase in "$@"; do
     bench:*)
       IFS=: read -r _ tag shape cfgs <<< "$phase"
       bench "$tag" "$shape" "$cfgs" ;;
+    ipctest)  # colocated CUDA-IPC weight sync: 1 GPU and 2 ranks + 2 replicas, bit-exact, timed against the object store
+      timeout 500 python3 -m pytest -q -s -p no:cacheprovider tests/test_sync_ipc_gpu.py > "$STORE/ipc_test.log" 2>&1 \
+        || status=1
+      tail -n 25 "$STORE/ipc_test.log"
+      cp "$STORE/ipc_test.log" "$OUT/" 2>/dev/null ;;
     queue:*) queue_start scripts/device/scale_gpu.sh "${phase#queue:}" ;;
     wait:*)
       queue_wait "${phase#wait:}" 30

@@ -92,8 +92,10 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
 
 
 def cuda_ipc_problem(cfg: Any) -> Optional[str]:
-    """Why `sync_transport=cuda_ipc` cannot serve this layout, or None: one colocated native-engine replica maps
-    trainer rank 0's buffers on their shared GPU. The config check raises it; `auto` picks cuda_ipc when None."""
+    """Why `sync_transport=cuda_ipc` cannot serve this layout, or None: colocated native-engine replicas (tensor
+    parallel 1, one node), each mapping the buffers of the FSDP2 rank on its GPU (replica i pins the node's device
+    i, `colocated_device_ids`; sync/cuda_ipc.py routes by GPU). The config check raises it; `auto` picks cuda_ipc
+    when None."""
     rollout = cfg.actor_rollout_ref.rollout
     if not cfg.rollout.colocate:
         return ("cuda_ipc needs rollout.colocate=true (the engine maps the trainer's GPU memory, so it must run on "
@@ -103,18 +105,28 @@ def cuda_ipc_problem(cfg: Any) -> Optional[str]:
                 "IPC-mapped buckets); use object_store")
     if cfg.actor_rollout_ref.actor.strategy == "megatron":
         return "cuda_ipc is not supported with actor_rollout_ref.actor.strategy=megatron; use object_store"
-    if cfg.rollout.n_gpus_per_node != 1 or int(rollout.tensor_model_parallel_size or 1) != 1:
-        return ("cuda_ipc maps trainer rank 0's GPU into ONE engine replica on that GPU: set "
-                "rollout.n_gpus_per_node=1 and actor_rollout_ref.rollout.tensor_model_parallel_size=1, "
-                f"got {cfg.rollout.n_gpus_per_node} and {rollout.tensor_model_parallel_size}; or use object_store")
+    tp = int(rollout.tensor_model_parallel_size or 1)
+    if tp != 1:
+        return ("cuda_ipc maps one trainer rank's GPU into each engine replica on that GPU: set "
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size=1, got {tp}; or use object_store")
+    if cfg.trainer.nnodes != 1 or cfg.rollout.nnodes != 1:
+        return (f"cuda_ipc is single-node: set trainer.nnodes=1 and rollout.nnodes=1, got {cfg.trainer.nnodes} and "
+                f"{cfg.rollout.nnodes}; or use object_store")
+    replicas, ranks = int(cfg.rollout.n_gpus_per_node), int(cfg.trainer.n_gpus_per_node)
+    if replicas > ranks:
+        return (f"cuda_ipc serves each engine replica from the trainer rank on its GPU: rollout.n_gpus_per_node="
+                f"{replicas} replicas need as many trainer GPUs, trainer.n_gpus_per_node={ranks}; set them equal or "
+                "use object_store")
     return None
 
 
 def auto_sync_transport(cfg: Any) -> str:
-    """`sync_transport=auto`: cuda_ipc where it applies (on CUDA, `cuda_ipc_problem` is None: no host copy, 0.12 s
-    instead of 1.0-1.2 s per sync of a 135M model on an H100); nccl when the rollout has GPUs of its own
-    (`rollout.colocate=false` on CUDA: 0.09 s per sync of a 0.5B model on 2 H200s, where the object store took
-    3.5 s, and 12 s for 1.5B; bench/RESULTS.md "Two GPUs"); else object_store (every device and layout)."""
+    """`sync_transport=auto`: cuda_ipc where it applies (on CUDA, `cuda_ipc_problem` is None: no host copy; one
+    replica of a 135M model took 0.12 s per sync on an H100 instead of 1.0-1.2 s, and 2 ranks + 2 replicas of the
+    3B shape on 2 H200s moved 6.2 GB through the object store in 25.0 s per sync, bench/RESULTS.md issue 37);
+    nccl when the rollout has GPUs of its own (`rollout.colocate=false` on CUDA: 0.09 s per sync of a 0.5B model
+    on 2 H200s, where the object store took 3.5 s, and 12 s for 1.5B; bench/RESULTS.md "Two GPUs"); else
+    object_store (every device and layout)."""
     if cfg.trainer.device == "cuda" and cuda_ipc_problem(cfg) is None:
         return "cuda_ipc"
     if cfg.trainer.device == "cuda" and not cfg.rollout.colocate:

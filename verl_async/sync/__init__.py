@@ -8,7 +8,7 @@ module here, holding all of its halves:
 |---------------------------|-----------------|---------------------------------------------------------|
 | object_store (CPU default)| object_store.py | Ray objects: rank 0 puts, each replica fetches          |
 | nccl / hccl / gloo        | collective.py   | a broadcast from trainer rank 0 to every engine rank    |
-| cuda_ipc (auto on 1 GPU)  | cuda_ipc.py     | the colocated engine maps rank 0's device buffers       |
+| cuda_ipc (auto colocated) | cuda_ipc.py     | each colocated engine maps its GPU's trainer rank's buffers |
 
 Halves: `TrainerSide` (runs on each trainer rank), `RolloutSide` (runs in the rollout
 service, fans out to the replicas), the engine side (runs beside each engine), and the

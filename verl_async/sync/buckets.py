@@ -6,17 +6,22 @@
   lays out one bucket with it); its wire form; `bucket_view` reads a tensor out of a bucket
   buffer without a copy.
 * `PackedBucket`: a bucket as raw bytes, so the Ray object store moves it without pickling tensors.
+* Filling a bucket buffer from the trainer's stream of full tensors (`plan_for`, `fill_bucket`,
+  `check_exhausted`): the collective and CUDA IPC senders share it.
 * Checksums: bit-level fingerprints that make a sync verifiable.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
+
+from verl_async.sync.driver import SyncError
 
 ALIGN_BYTES = 256  # every tensor starts at a multiple of this in a bucket (any dtype view is aligned)
 
@@ -107,6 +112,48 @@ def max_bucket_bytes(plan: Sequence[Bucket]) -> int:
 def bucket_view(buffer: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
     """The tensor `meta` describes, as a view of a uint8 bucket buffer's bytes (no copy)."""
     return buffer[meta.offset: meta.offset + meta.nbytes].view(meta.torch_dtype).view(meta.shape)
+
+
+# ---------------------------------------------------------------------------------------- filling from a trainer rank
+def plan_for(owner: Any, bucket_bytes: int, dtype: Any = None, *, transport: str) -> list[Bucket]:
+    """A trainer rank's bucket plan from metadata alone (`full_param_shapes`: FSDP2 DTensors know their global
+    shape), so every rank and every receiver computes the same plan without a gather."""
+    shapes = getattr(owner, "full_param_shapes", None)
+    if shapes is None:
+        raise SyncError(f"{transport} weight sync is not supported by the {type(owner).__name__} trainer; "
+                        "use async_training.sync_transport=object_store")
+    target = owner.sync_dtype(dtype)
+    return plan_buckets(((n, target, shape) for n, shape in shapes()), bucket_bytes)
+
+
+def fill_bucket(buffer: torch.Tensor, bucket: Bucket, tensors: Iterator[tuple[str, torch.Tensor]],
+                checksums: Optional[dict[str, str]] = None) -> float:
+    """Copy the next (name, full tensor) items of `tensors` (plan order) into `buffer` at the bucket's offsets
+    (asynchronously on the device's stream); with `checksums`, record each copied tensor's. Returns the seconds
+    spent waiting for the tensors (the gathers behind the iterator). A tensor off the plan raises SyncError."""
+    waited = 0.0
+    for meta in bucket.tensors:
+        t0 = time.perf_counter()
+        try:
+            name, tensor = next(tensors)
+        except StopIteration:
+            raise SyncError(f"weight sync: the model ran out of tensors before {meta.name!r}") from None
+        waited += time.perf_counter() - t0
+        if name != meta.name or tuple(tensor.shape) != meta.shape:
+            raise SyncError(f"weight sync: plan expects {meta.name!r} {meta.shape}, the model gave {name!r} "
+                            f"{tuple(tensor.shape)}")
+        view = bucket_view(buffer, meta)
+        view.copy_(tensor, non_blocking=True)
+        if checksums is not None:
+            checksums[name] = tensor_checksum(view)
+    return waited
+
+
+def check_exhausted(tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Every tensor of the model was in the plan (a mapping gap would otherwise go unsent)."""
+    leftover = next(tensors, None)
+    if leftover is not None:
+        raise SyncError(f"weight sync: the model has tensor {leftover[0]!r} that the plan does not list")
 
 
 # ---------------------------------------------------------------------------------------- lists of pairs

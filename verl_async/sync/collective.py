@@ -41,8 +41,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from verl_async.sync.buckets import (Bucket, bucket_view, compare_checksums, max_bucket_bytes,
-                                     loaded_checksums, plan_buckets, plan_from_wire, plan_to_wire,
+from verl_async.sync.buckets import (Bucket, bucket_view, check_exhausted, compare_checksums, fill_bucket,
+                                     loaded_checksums, max_bucket_bytes, plan_for, plan_from_wire, plan_to_wire,
                                      tensor_checksum)
 from verl_async.sync.driver import SyncDriver, SyncError
 from verl_async.sync.ports import EngineHalf, RolloutHalf, engine_call, innermost
@@ -167,28 +167,13 @@ def send_buckets(group: Optional[WeightSyncGroup], plan: Sequence[Bucket], tenso
             pending[slot].wait()
             pending[slot] = None
         buf = buffers[slot]
-        for meta in bucket.tensors:
-            t0 = time.perf_counter()
-            try:
-                name, tensor = next(tensors)
-            except StopIteration:
-                raise SyncError(f"weight sync: the model ran out of tensors before {meta.name!r}") from None
-            t_gather += time.perf_counter() - t0
-            if name != meta.name or tuple(tensor.shape) != meta.shape:
-                raise SyncError(f"weight sync: plan expects {meta.name!r} {meta.shape}, the model gave {name!r} "
-                                f"{tuple(tensor.shape)}")
-            view = bucket_view(buf, meta)
-            view.copy_(tensor, non_blocking=True)
-            if verify:
-                checksums[name] = tensor_checksum(view)
+        t_gather += fill_bucket(buf, bucket, tensors, checksums if verify else None)
         pending[slot] = group.broadcast(buf[: bucket.nbytes])
         sent += bucket.nbytes
     for work in pending:
         if work is not None:
             work.wait()
-    leftover = next(tensors, None)
-    if leftover is not None:
-        raise SyncError(f"weight sync: the model has tensor {leftover[0]!r} that the plan does not list")
+    check_exhausted(tensors)
     _synchronize(device)
     return {"bytes": sent, "buckets": len(plan), "checksums": checksums, "gather_s": t_gather}
 
@@ -397,12 +382,7 @@ class TrainerSide:
 
     def plan(self, bucket_bytes: int, dtype: Optional[str] = None) -> list:
         """The bucket plan (names, dtypes, full shapes, offsets) from metadata alone: no gather."""
-        shapes = getattr(self.owner, "full_param_shapes", None)
-        if shapes is None:
-            raise SyncError(f"collective weight sync is not supported by the {type(self.owner).__name__} trainer; "
-                            "use async_training.sync_transport=object_store")
-        target = self.owner.sync_dtype(dtype)
-        return plan_to_wire(plan_buckets(((n, target, shape) for n, shape in shapes()), bucket_bytes))
+        return plan_to_wire(plan_for(self.owner, bucket_bytes, dtype, transport="collective"))
 
     def address(self, local_only: bool, timeout_s: float) -> tuple[str, int]:
         """Rank 0 starts a fresh TCPStore server; returns where the group meets."""

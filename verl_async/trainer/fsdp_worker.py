@@ -437,16 +437,18 @@ class FSDPWorker(RankBase):
         return norm
 
     # ------------------------------------------------------------------ weight sync / export
-    def iter_full_params(self, dtype: Optional[torch.dtype] = None, *, to_cpu: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) on rank 0, on the host unless `to_cpu=False` (collective sync sends device
-        tensors); every rank must iterate (the gathers are collective).
+    def iter_full_params(self, dtype: Optional[torch.dtype] = None, *, to_cpu: bool = True,
+                         every_rank: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) on rank 0 (`every_rank`: on every rank, each its own gathered copy: cuda_ipc
+        serves each colocated replica from the rank on its GPU), on the host unless `to_cpu=False` (collective
+        sync sends device tensors); every rank must iterate (the gathers are collective).
 
         Names are the HF module's `named_parameters()` (tied weights appear once, as the
         embedding), the names `load_weights` / `load_state_dict(strict=False)` expect.
         """
         self._load_if_offloaded()
         try:
-            named = self._gathered_params()
+            named = self._gathered_params(every_rank)
             if self.settings.lora is not None:  # W + alpha/r B A under the base model's names (trainer/lora.py)
                 named = lora_mod.merged_weights(named, self._lora_scalings)
             for name, full in named:
@@ -466,8 +468,9 @@ class FSDPWorker(RankBase):
             accel.synchronize()
         return time.perf_counter() - start
 
-    def _gathered_params(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, full tensor) of every parameter on rank 0, nothing elsewhere; every rank must iterate (gathers)."""
+    def _gathered_params(self, every_rank: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) of every parameter on rank 0 (`every_rank`: on each rank), nothing elsewhere; every
+        rank must iterate (gathers)."""
         device = self.device.torch_device
         for name, param in self.model.named_parameters():
             if hasattr(param, "full_tensor"):
@@ -475,7 +478,7 @@ class FSDPWorker(RankBase):
                 full = (param if param.device == device else param.to(device)).full_tensor()
             else:
                 full = param.data
-            if self.rank == 0:
+            if self.rank == 0 or every_rank:
                 yield name, full.detach()
             del full
 
