@@ -45,8 +45,11 @@ class AttentionConfig:
 
 
 def attention_config(head_dim: int) -> AttentionConfig:
-    """The config for heads of `head_dim` (a shorter key block past 128 bounds the registers)."""
-    return AttentionConfig(block_n=32) if head_dim > 128 else AttentionConfig()
+    """The config for heads of `head_dim`: past 64, 8 warps, and past 128 a shorter key block (compiled for sm_90
+    with Triton 3.6, 4 warps spill registers at D = 80 and 128; these do not)."""
+    if head_dim > 128:
+        return AttentionConfig(block_n=32, num_warps=8)
+    return AttentionConfig(num_warps=8) if head_dim > 64 else AttentionConfig()
 
 
 def _head_block(head_dim: int) -> int:
