@@ -313,3 +313,48 @@ def test_tree_sum_is_the_pairwise_tree_over_logical_indices():
 @fresh_process_only
 def test_in_a_fresh_process():
     run_in_fresh_process(__file__)
+
+
+# ---------------------------------------------------------------- the mode end to end
+
+
+@pytest.mark.slow  # ~45 s on CPU under the interpreter
+@kernels
+def test_the_engine_and_trainer_agree_through_the_triton_path(monkeypatch, tmp_path):
+    """True on-policy mode with every kernel on the Triton path (`use_triton` forced; on CPU the interpreter stands
+    in for CUDA): the tiny Llama's engine log-probs (right-padded prefill, decode batches of 3, rows leaving and
+    joining) equal the FSDP2 trainer's recompute bitwise, packed and padded, in one micro-batch or one row each, and
+    the training forward's PPO ratio of the first mini-batch is exactly 1."""
+    from onpolicy_helpers import PROMPTS, batch_of, generate, log_probs, rank, train_step
+
+    from verl_async.models.tiny import build_tiny_model_dir
+
+    calls = {"attention": 0, "logprob": 0}
+    attend, logprobs = triton_softmax.attention_forward, triton_softmax.token_logprobs
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(triton_ops, "use_triton", lambda device: True)
+    monkeypatch.setattr(triton_softmax, "attention_forward", counted("attention", attend))
+    monkeypatch.setattr(triton_softmax, "token_logprobs", counted("logprob", logprobs))
+    model_dir = build_tiny_model_dir(str(tmp_path), family="llama")
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    batch = batch_of(PROMPTS, generate(model_dir, dtype=dtype, true_on_policy=True, device=DEVICE))
+    rollout, valid = batch["rollout_log_probs"], batch["response_mask"].bool()
+    assert calls["attention"] > 0 and calls["logprob"] > 0
+    worker = rank(model_dir, true_on_policy=True, bf16=dtype == torch.bfloat16, device=DEVICE)
+    try:
+        for packed in (True, False):
+            worker.set_options({"use_remove_padding": packed})
+            for split in ([[0, 1, 2, 3, 4]], [[0], [1], [2], [3], [4]]):
+                ours = log_probs(worker, batch, split)
+                assert torch.equal(ours[valid], rollout[valid]), (packed, split, (ours - rollout)[valid].abs().max())
+        worker.set_options({"use_remove_padding": True})
+        metrics = train_step(worker, batch, rollout)
+        assert metrics["actor/first_minibatch_ratio_dev_max"] == 0.0
+    finally:
+        worker.shutdown()
