@@ -1,8 +1,8 @@
 """verl_async.invariant.triton_ops (issue 41 item 2): a row's bits do not depend on how many rows share the launch
 or where the row sits, and the values are those of torch's linear / HF's RMSNorm within float rounding.
 
-Runs on CUDA when there is one, else on CPU under Triton's interpreter (TRITON_INTERPRET=1, set here before the
-kernels are first imported): on CPU it checks the kernels' tiling, masking and reduction order, not GPU numerics
+Runs on CUDA when there is one, else on CPU under Triton's interpreter (TRITON_INTERPRET=1, set by
+tests/triton_interpreter.py before triton's first import): on CPU it checks the kernels' tiling, masking and reduction order, not GPU numerics
 (scripts/bench_invariant_triton.py checks those on a GPU). Skipped where triton is not installed."""
 
 from __future__ import annotations
@@ -17,31 +17,19 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.triton_interpreter import DEVICE, PREIMPORTED, ROOT, fresh_process_only, kernels, run_in_fresh_process
+from tests.triton_interpreter import rand as _rand
 from verl_async.invariant import triton_ops
 from verl_async.invariant.ops import rms_norm as ops_rms_norm
 from verl_async.invariant.triton_ops import MatmulConfig
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# The interpreter must be on before triton's first import (its own @jit helpers are built then). In a full-suite
-# run another module may have imported triton already: then the kernel tests below skip and
-# test_in_a_fresh_process runs this file again in a process of its own.
-_PREIMPORTED = DEVICE == "cpu" and "triton" in sys.modules and os.environ.get(triton_ops.INTERPRET_ENV) != "1"
-if DEVICE == "cpu" and not _PREIMPORTED:
-    os.environ[triton_ops.INTERPRET_ENV] = "1"
 pytest.importorskip("triton")
-kernels = pytest.mark.skipif(_PREIMPORTED, reason="triton was imported without the interpreter: see "
-                                                  "test_in_a_fresh_process")
 
 DTYPES = [torch.float32, torch.bfloat16]
 # Small tiles, so that a handful of rows already spans several row tiles, column tiles (the last partial) and K steps
 # (the last partial); the default config (128x128x64) is checked too.
 SMALL = MatmulConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=1)
 CONFIGS = [pytest.param(SMALL, id="small-tiles"), pytest.param(None, id="default")]
-
-
-def _rand(*shape, dtype, seed):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=gen).to(device=DEVICE, dtype=dtype)
 
 
 def _batches_around(row: torch.Tensor, seed: int):
@@ -189,27 +177,21 @@ def test_the_cpu_path_does_not_import_triton():
     code = ("import sys, verl_async.invariant, verl_async.invariant.triton_ops, verl_async.invariant.model; "
             "assert 'triton' not in sys.modules, sorted(m for m in sys.modules if 'triton' in m)")
     env = {k: v for k, v in os.environ.items() if k != triton_ops.INTERPRET_ENV}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120,
-                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120, cwd=ROOT)
 
 
-@pytest.mark.skipif(not _PREIMPORTED, reason="this process runs the kernel tests itself")
+@fresh_process_only
 def test_in_a_fresh_process():
-    env = dict(os.environ, **{triton_ops.INTERPRET_ENV: "1"})
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__)],
-                          env=env, cwd=root, timeout=240, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-500:]
+    run_in_fresh_process(__file__)
 
 
 def test_a_gpu_build_of_triton_is_refused_on_cpu():
-    if not _PREIMPORTED and DEVICE == "cpu":
+    if not PREIMPORTED and DEVICE == "cpu":
         code = ("import triton, os; os.environ['TRITON_INTERPRET'] = '1'; "
                 "from verl_async.invariant.triton_ops import triton_problem; print(triton_problem('cpu'))")
         env = {k: v for k, v in os.environ.items() if k != triton_ops.INTERPRET_ENV}
         out = subprocess.run([sys.executable, "-c", code], env=env, timeout=120, capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                             cwd=ROOT)
         assert "was imported before TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
     else:
         pytest.skip("checked in a fresh CPU process only")

@@ -319,53 +319,71 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
         if ctx.fns is not None:  # use_torch_compile
             grad = _compiled_backward(ctx.fns, logits, labels, lse, ent, g_logp, g_ent, temperature, chunk)
             return grad, None, None, None, None, None, None, None, None
-        n, vocab = logits.shape
-        bufs = _Buffers(min(chunk, n), vocab, lse.dtype, logits.device)
-        grad = torch.empty_like(logits)
-        mean_x = (lse - ent) if g_ent is not None else None  # E_p[x] = lse - H
-        for s in range(0, n, chunk):
-            x = bufs.scaled(logits[s : s + chunk], temperature)
-            rows = x.shape[0]
-            p = torch.sub(x, lse[s : s + chunk, None], out=bufs.get("p", rows)).exp_()
-            if g_ent is not None:
-                gx = torch.sub(mean_x[s : s + chunk, None], x, out=bufs.get("g", rows))
-                gx.mul_(p).nan_to_num_(nan=0.0).mul_(g_ent[s : s + chunk, None])
-                if g_logp is not None:
-                    gx.addcmul_(p, g_logp[s : s + chunk, None], value=-1.0)
-            else:
-                gx = p.mul_(-g_logp[s : s + chunk, None])
-            if g_logp is not None:
-                gx.scatter_add_(1, labels[s : s + chunk, None], g_logp[s : s + chunk, None].to(gx.dtype))
-            if temperature != 1.0:
-                gx.div_(temperature)
-            grad[s : s + chunk].copy_(gx)
+        grad = eager_backward(logits, labels, lse, ent, g_logp, g_ent, temperature, chunk)
         return grad, None, None, None, None, None, None, None, None
 
 
-def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy, use_torch_compile=False,
-         fixed_chunks=False, row_sum=None):
+def eager_backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, ent: torch.Tensor | None,
+                   g_logp: torch.Tensor | None, g_ent: torch.Tensor | None, temperature: float,
+                   chunk: int | None = None) -> torch.Tensor:
+    """The logits' gradient [N, V], `chunk` rows at a time (None: the default budget), from the forward's
+    log-sum-exp `lse` (and entropy `ent` when `g_ent` is given): the backward of the eager forward here and of
+    true on-policy mode's Triton forward (verl_async.invariant.triton_softmax)."""
+    chunk = _chunk_rows(chunk, logits.shape[-1])
+    n, vocab = logits.shape
+    bufs = _Buffers(min(chunk, n), vocab, lse.dtype, logits.device)
+    grad = torch.empty_like(logits)
+    mean_x = (lse - ent) if g_ent is not None else None  # E_p[x] = lse - H
+    for s in range(0, n, chunk):
+        x = bufs.scaled(logits[s : s + chunk], temperature)
+        rows = x.shape[0]
+        p = torch.sub(x, lse[s : s + chunk, None], out=bufs.get("p", rows)).exp_()
+        if g_ent is not None:
+            gx = torch.sub(mean_x[s : s + chunk, None], x, out=bufs.get("g", rows))
+            gx.mul_(p).nan_to_num_(nan=0.0).mul_(g_ent[s : s + chunk, None])
+            if g_logp is not None:
+                gx.addcmul_(p, g_logp[s : s + chunk, None], value=-1.0)
+        else:
+            gx = p.mul_(-g_logp[s : s + chunk, None])
+        if g_logp is not None:
+            gx.scatter_add_(1, labels[s : s + chunk, None], g_logp[s : s + chunk, None].to(gx.dtype))
+        if temperature != 1.0:
+            gx.div_(temperature)
+        grad[s : s + chunk].copy_(gx)
+    return grad
+
+
+def flatten_checked(logits: torch.Tensor, labels: torch.Tensor | None,
+                    with_logp: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Size]:
+    """(logits as [N, V], labels as [N] longs on the logits' device (empty without `with_logp`), the leading
+    shape), with a clear error for a non-float logits tensor or labels of another shape, dtype or range."""
     check_tensor("logits", logits)
     if logits.dim() < 1 or not logits.is_floating_point():
         raise ValueError(f"logits must be a floating tensor [..., V], got {logits.dtype} {tuple(logits.shape)}")
     vocab = logits.shape[-1]
     lead = logits.shape[:-1]
     flat = logits.reshape(-1, vocab)
+    if not with_logp:
+        return flat, torch.zeros(0, dtype=torch.long, device=logits.device), lead
+    check_tensor("labels", labels)
+    if labels.shape != lead:
+        raise ValueError(f"labels has shape {tuple(labels.shape)} but logits' leading shape is {tuple(lead)}")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be an integer tensor, got {labels.dtype}")
+    flat_labels = labels.reshape(-1).to(device=logits.device, dtype=torch.long)
+    if flat_labels.numel() and (int(flat_labels.min()) < 0 or int(flat_labels.max()) >= vocab):
+        raise ValueError(
+            f"labels must lie in [0, {vocab}) (the vocab size), got min {int(flat_labels.min())} "
+            f"max {int(flat_labels.max())}"
+        )
+    return flat, flat_labels, lead
+
+
+def _run(logits, labels, temperature, chunk_size, with_logp, with_entropy, use_torch_compile=False,
+         fixed_chunks=False, row_sum=None):
+    flat, flat_labels, lead = flatten_checked(logits, labels, with_logp)
     t = normalize_temperature(temperature)
-    chunk = _chunk_rows(chunk_size, vocab)
-    if with_logp:
-        check_tensor("labels", labels)
-        if labels.shape != lead:
-            raise ValueError(f"labels has shape {tuple(labels.shape)} but logits' leading shape is {tuple(lead)}")
-        if labels.dtype.is_floating_point or labels.dtype == torch.bool:
-            raise ValueError(f"labels must be an integer tensor, got {labels.dtype}")
-        flat_labels = labels.reshape(-1).to(device=logits.device, dtype=torch.long)
-        if flat_labels.numel() and (int(flat_labels.min()) < 0 or int(flat_labels.max()) >= vocab):
-            raise ValueError(
-                f"labels must lie in [0, {vocab}) (the vocab size), got min {int(flat_labels.min())} "
-                f"max {int(flat_labels.max())}"
-            )
-    else:
-        flat_labels = torch.zeros(0, dtype=torch.long, device=logits.device)
+    chunk = _chunk_rows(chunk_size, logits.shape[-1])
     if (fixed_chunks or row_sum is not None) and use_torch_compile:
         raise ValueError("fixed_chunks / row_sum run the eager chunk loop; they cannot be combined with use_torch_compile")
     fns = compiled_chunk_fns() if use_torch_compile else None

@@ -8,8 +8,10 @@ Why a row's bits cannot depend on its batch:
   loaded as zeros; they change no other row. M is not specialized (`do_not_specialize`): a call with M == 1
   compiles the same kernel as M == 4096.
 - RMSNorm: one program per row; the row's squares are added into a BLOCK-wide float32 vector chunk by chunk in
-  order and the vector reduced once (`tl.sum`, a tree fixed by BLOCK and num_warps, both functions of the hidden
-  size only).
+  order and the vector reduced once by `tree_sum` (a pairwise tree over logical indices, fixed by BLOCK, a
+  function of the hidden size only; `tl.sum`'s order would follow the register layout, which the compiler picks
+  from the input's dtype and alignment).
+- attention and the sampled-token log-prob: see `triton_softmax` and the kernels' docstrings.
 """
 
 from __future__ import annotations
@@ -62,9 +64,19 @@ def linear_kernel(x_ptr, w_ptr, b_ptr, o_ptr, M, N, K,
     tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=row_ok & col_ok)
 
 
+@triton.jit
+def tree_sum(x, N: tl.constexpr, LOG_N: tl.constexpr):
+    """The sum of x [N] (N = 2**LOG_N) by a pairwise tree over logical indices: x[i] + x[i + N/2], halving until
+    one is left. `tl.sum`'s order follows the register layout, which the compiler picks from the loads' dtype and
+    alignment (bf16 and float32 logits, or an odd offset, get other layouts); an add of two is the same in any."""
+    for i in tl.static_range(LOG_N):
+        x = tl.sum(tl.reshape(x, (2, N >> (i + 1))), axis=0)
+    return tl.reshape(x, ())
+
+
 @triton.jit(do_not_specialize=["M"])
 def rms_norm_kernel(x_ptr, w_ptr, o_ptr, M, H, stride_xm, stride_om, eps,
-                    BLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr):
     """HF's Llama/Qwen RMSNorm of one row: float32 inside, `h / sqrt(mean(h^2) + eps)` rounded to x's dtype,
     then times the weight (as torch's `weight * normed.to(dtype)`: a float32 product rounded once)."""
     row = tl.program_id(0).to(tl.int64)
@@ -74,7 +86,7 @@ def rms_norm_kernel(x_ptr, w_ptr, o_ptr, M, H, stride_xm, stride_om, eps,
     for start in range(0, H, BLOCK):
         h = tl.load(x_row + start + cols, mask=start + cols < H, other=0.0).to(tl.float32)
         acc += h * h
-    variance = tl.math.div_rn(tl.sum(acc, axis=0), H * 1.0)
+    variance = tl.math.div_rn(tree_sum(acc, BLOCK, LOG_BLOCK), H * 1.0)
     denom = tl.sqrt_rn(variance + eps)
     for start in range(0, H, BLOCK):
         ok = start + cols < H
@@ -83,3 +95,117 @@ def rms_norm_kernel(x_ptr, w_ptr, o_ptr, M, H, stride_xm, stride_om, eps,
         w = tl.load(w_ptr + start + cols, mask=ok, other=0.0)
         out = w.to(tl.float32) * normed.to(tl.float32)
         tl.store(o_ptr + row * stride_om + start + cols, out.to(o_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["M", "L", "n_tiles"])
+def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, M, L, R, G, n_tiles, scale, window,
+                     sq_s, sq_g, sq_r, sq_m, sk_s, sk_g, sk_l, sv_s, sv_g, sv_l, sp_s, sp_m,
+                     so_s, so_g, so_r, so_m,
+                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """One program per (sequence, KV head, tile of BLOCK_M query rows); rows are (position m, head r) pairs, row
+    m * R + r, so decode's R heads of one position share a tile. Keys go by in BLOCK_N blocks from 0 upwards with
+    an online softmax in float32. A block in which a row sees no key leaves that row's state untouched (a select,
+    not arithmetic that happens to give the same value), so a tile may stop at its last visible block and start at
+    its first: each row's result is the sequence of its own visible blocks, whatever rows share the tile."""
+    pid = tl.program_id(0)
+    tile = pid % n_tiles
+    sg = pid // n_tiles
+    s = (sg // G).to(tl.int64)
+    g = (sg % G).to(tl.int64)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M * R
+    m_idx = (rows // R).to(tl.int64)
+    r_idx = (rows % R).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    pos = tl.load(pos_ptr + s * sp_s + m_idx * sp_m, mask=row_ok, other=-1).to(tl.int64)
+    q = tl.load(q_ptr + s * sq_s + g * sq_g + r_idx[:, None] * sq_r + m_idx[:, None] * sq_m + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    # The keys any row of the tile sees: [lo, hi) (rows past M*R sit at -1 and see none).
+    hi = tl.minimum(tl.max(pos, axis=0) + 1, L).to(tl.int32)
+    if HAS_WINDOW:
+        lo = tl.maximum(tl.min(tl.where(row_ok, pos, hi), axis=0) - window + 1, 0).to(tl.int32)
+    else:
+        lo = hi * 0
+    if UPCAST:  # interpreter only: its tl.dot multiplies bfloat16's raw uint16 storage (exact in float32 anyway)
+        q = q.to(tl.float32)
+    k_base = k_ptr + s * sk_s + g * sk_g
+    v_base = v_ptr + s * sv_s + g * sv_g
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for blk in range(lo // BLOCK_N, tl.cdiv(hi, BLOCK_N)):
+        keys = (blk * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        key_ok = (keys >= lo) & (keys < hi)  # columns no row sees load as zeros: no garbage reaches a product
+        kv_mask = key_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + keys[:, None] * sk_l + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + keys[:, None] * sv_l + d[None, :], mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        if IEEE:
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k))
+        scores = scores * scale
+        visible = (keys[None, :] <= pos[:, None]) & key_ok[None, :]
+        if HAS_WINDOW:
+            visible = visible & (keys[None, :] > pos[:, None] - window)
+        scores = tl.where(visible, scores, float("-inf"))
+        seen = tl.max(visible.to(tl.int32), axis=1) > 0
+        m_new = tl.where(seen, tl.maximum(m_i, tl.max(scores, axis=1)), 0.0)  # (rows that see nothing: unused)
+        alpha = tl.exp(m_i - m_new)  # m_i = -inf (nothing seen yet): 0
+        p = tl.exp(scores - m_new[:, None])  # masked: exp(-inf) = 0 exactly
+        p_v = p.to(v_ptr.dtype.element_ty)  # the value GEMM in the input dtype (as flash attention), float32 sums
+        if UPCAST:
+            p_v = p_v.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE:
+            pv = tl.dot(p_v, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p_v, v)
+        acc = tl.where(seen[:, None], acc * alpha[:, None] + pv, acc)
+        l_i = tl.where(seen, l_i * alpha + tl.sum(p, axis=1), l_i)
+        m_i = tl.where(seen, m_new, m_i)
+    out = tl.where(l_i[:, None] > 0, tl.math.div_rn(acc, tl.where(l_i > 0, l_i, 1.0)[:, None]), 0.0)
+    o_ptrs = o_ptr + s * so_s + g * so_g + r_idx[:, None] * so_r + m_idx[:, None] * so_m + d[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["N"])
+def logprob_kernel(x_ptr, label_ptr, lse_ptr, logp_ptr, ent_ptr, N, V, stride_x, inv_t,
+                   WITH_LOGP: tl.constexpr, WITH_ENT: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr,
+                   LOG_BLOCK: tl.constexpr):
+    """One program per row: x = logits * (1 / T) in float32, walked in BLOCK-wide chunks from column 0 with a
+    running maximum; lane i keeps its own running sum of exp(x - max) over columns i, i + BLOCK, ... (and of
+    exp(x - max) * x for the entropy), rescaled when the maximum grows, and the lanes are added once at the end
+    by `tree_sum` (an order fixed by BLOCK, a function of the vocab only)."""
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * stride_x
+    cols = tl.arange(0, BLOCK)
+    m = tl.full([], float("-inf"), tl.float32)
+    z = tl.zeros((BLOCK,), dtype=tl.float32)
+    t = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, V, BLOCK):
+        x = tl.load(base + start + cols, mask=start + cols < V, other=float("-inf")).to(tl.float32)
+        if SCALE:
+            x = x * inv_t
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: nothing to add yet
+        alpha = tl.exp(m - shift)
+        e = tl.exp(x - shift)
+        z = z * alpha + e
+        if WITH_ENT:
+            t = t * alpha + e * tl.where(e > 0, x, 0.0)  # -inf logits: 0 * -inf counts as 0
+        m = m_new
+    total = tree_sum(z, BLOCK, LOG_BLOCK)
+    lse = tl.where(m == float("-inf"), 0.0, m) + tl.log(total)  # a row of -inf only: -inf, not NaN
+    tl.store(lse_ptr + row, lse)
+    if WITH_LOGP:
+        label = tl.load(label_ptr + row)
+        xl = tl.load(base + label).to(tl.float32)
+        if SCALE:
+            xl = xl * inv_t
+        tl.store(logp_ptr + row, xl - lse)
+    if WITH_ENT:
+        tl.store(ent_ptr + row, lse - tl.math.div_rn(tree_sum(t, BLOCK, LOG_BLOCK), total))

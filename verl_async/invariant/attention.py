@@ -13,7 +13,9 @@ can be left out (the bit widths stay the span's). On CUDA queries go through in 
 positions (decode pads its single query), so each GEMM has the fixed shape
 [heads per kv head x tile, D] x [D, span] and [.. x tile, span] x [span, D + 1]: the last
 column of `[V | 1]` gives the softmax's denominator from the same GEMM (float32, inputs upcast).
-The result is in the query's dtype.
+The result is in the query's dtype. With triton (`triton_ops.use_triton`, CUDA) one launch replaces the
+tiles (`triton_softmax.attention_forward`: keys in fixed blocks from 0 upwards, an online softmax, a block a
+query does not see skipped for it exactly), so neither side pads its keys to the span.
 
 Training needs gradients: `CanonicalAttention` returns this forward and differentiates the same
 function through torch's SDPA with the same mask (a gradient need not match bit for bit).
@@ -34,7 +36,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from verl_async.invariant import exact
+from verl_async.invariant import exact, triton_ops, triton_softmax
 from verl_async.invariant.shapes import shapes_for
 
 EXACT_CHUNK_ELEMENTS = 1 << 22  # float64 scores per query chunk of the CPU forward (memory only)
@@ -53,8 +55,10 @@ def _allowed(q_pos: torch.Tensor, span: int, window: Optional[int]) -> torch.Ten
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
             window: Optional[int], tile: int, span: int) -> torch.Tensor:
-    """q [S, G, R, M, D], k/v [S, G, L, D], q_pos [S, M] -> [S, G, R, M, D]: CPU exact, else fixed tiles
-    (there L must be the span)."""
+    """q [S, G, R, M, D], k/v [S, G, L, D], q_pos [S, M] -> [S, G, R, M, D]: the Triton kernel where
+    `use_triton`, CPU exact, else fixed tiles (there L must be the span)."""
+    if triton_ops.use_triton(q.device):
+        return triton_softmax.attention_forward(q, k, v, q_pos, scale, window)
     if q.device.type == "cpu":
         return _attend_exact(q, k, v, q_pos, scale, window, span)
     M = q.shape[3]
@@ -180,6 +184,12 @@ def canonical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos
 
 # ---------------------------------------------------------------- layouts
 
+def _keys_fill_the_span(device: torch.device) -> bool:
+    """Whether keys must fill all `span` slots: only the chunked CUDA path's fixed GEMM shapes need it (CPU's exact
+    sums and the Triton kernel read the keys in use; the bits are the same)."""
+    return device.type != "cpu" and not triton_ops.use_triton(device)
+
+
 def _slot_layout(query, key, value, positions, span, scale, window):
     """Native engine: row b is sequence b, key column c is position c (prefill: the new keys; decode: the slot)."""
     B, H, Lq, D = query.shape
@@ -187,7 +197,7 @@ def _slot_layout(query, key, value, positions, span, scale, window):
     Lk = key.shape[2]
     if Lk > span:
         raise ValueError(f"true_on_policy attention: {Lk} keys exceed the span {span}")
-    if Lk < span and query.device.type != "cpu":  # CUDA's fixed shapes; CPU's exact sums need no padding
+    if Lk < span and _keys_fill_the_span(query.device):
         key = F.pad(key, (0, 0, 0, span - Lk))
         value = F.pad(value, (0, 0, 0, span - Lk))
     q = query.reshape(B, G, H // G, Lq, D)
@@ -203,7 +213,7 @@ def _token_layout(q_tok, k_tok, v_tok, seq, pos, num_seqs, span, scale, window):
         raise ValueError(f"true_on_policy attention: position {int(pos.max())} is past the span {span} "
                          f"(prompt_length + response_length)")
     M = int(pos.max()) + 1 if N else 1
-    L = M if q_tok.device.type == "cpu" else span  # CPU: the keys in use (exact sums); CUDA: the fixed span
+    L = span if _keys_fill_the_span(q_tok.device) else M  # the chunked CUDA path's fixed span, else the keys in use
     q_index = seq * M + pos
     k_index = seq * L + pos
     qc = q_tok.new_zeros((num_seqs * M, H, D)).index_copy(0, q_index, q_tok)

@@ -9,8 +9,10 @@ the norm's and the softmaxes' sums are exact (exact.py), so no row count, thread
 library can change a row's bits, and no process setting is needed (CPU chunk sizes below only
 bound memory).
 
-On CUDA every call that computes a reported number has one of the fixed shapes below, padding the
-last chunk, so row r gets the same bits whatever else shares its call and wherever it sits in it.
+On CUDA with triton (the default), linear, RMSNorm, attention and the log-prob are single launches whose order
+does not depend on the batch (triton_ops.py, triton_softmax.py) and these shapes go unused. Without it (or with
+VERL_ASYNC_INVARIANT_TRITON=0), every call that computes a reported number has one of the fixed shapes below, padding
+the last chunk, so row r gets the same bits whatever else shares its call and wherever it sits in it.
 cuBLAS(Lt) may split K across thread blocks (split-K, stream-K) using its workspace; a workspace
 of 1 KiB leaves only kernels that reduce each output in one block (PROCESS_ENV, read when cuBLAS
 starts: the pipeline passes it to its Ray workers). scripts/check_true_on_policy_gpu.py probes it.

@@ -152,7 +152,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
     if m > 0:
         block, warps = norm_block(h)
         _kernels().rms_norm_kernel[(m,)](x2d, weight.contiguous(), out, m, h, x2d.stride(0), out.stride(0),
-                                         float(eps), BLOCK=block, num_warps=warps)
+                                         float(eps), BLOCK=block, LOG_BLOCK=block.bit_length() - 1, num_warps=warps)
     return result
 
 
