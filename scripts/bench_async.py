@@ -302,7 +302,9 @@ def table(results: list[dict], base: Optional[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, list[str]]:
+    """The arguments with their size defaults filled in, and the config names (also read by
+    scripts/device/verl_compare.sh, whose two-GPU runs take this workload and these settings)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--gpus", type=int, default=4, help="GPUs in total (split half/half for the async runs)")
@@ -347,6 +349,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"unknown --configs {bad}: sync, sS_pP[_tT] (split) or cS_pP[_tT] (colocated async), e.g. {CONFIGS}")
     if args.train_gpus is not None and not 1 <= args.train_gpus < args.gpus:
         p.error(f"--train-gpus {args.train_gpus}: the async runs need 1..{args.gpus - 1} of the --gpus {args.gpus}")
+    return args, configs
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args, configs = parse_args(argv)
+    tiny = args.tiny
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     args.work_dir = args.work_dir or os.path.join(out_dir, "bench_async_runs")
