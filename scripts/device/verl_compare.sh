@@ -54,7 +54,7 @@
 #                  (1 + 1 GPUs, NCCL, staleness 0.5, trigger 4, partial rollout), native engine
 #   ours2sync:SEED bench_async's sync: colocated on both GPUs (2 replicas + 2-rank FSDP2), staleness 0, trigger 1
 #                  Each two-GPU archive has run_info.json (system, recipe, layout, PPO updates per logged step); then
-#                  here: python scripts/compare_verl.py --two-gpu --verl verl2*.tar.gz --ours ours2*.tar.gz ...
+#                  here: python scripts/compare_verl2.py verl2*.tar.gz ours2*.tar.gz --out bench/...
 #   queue:P1,P2,.. run phases one after another in the background (setsid: they outlive the call while the machine
 #                  is held); wait:SECONDS waits for them, then copies what finished to $OUT, and NAME-partial.tar.gz
 #                  of each run still going
@@ -225,7 +225,7 @@ verl2_run() {  # verl2_run NAME SEED MODE: MODE = async (the fully async recipe,
   verl_forced "$BENCH2"
   local compile=()  # VERL_COMPILE=0: no torch.compile in vLLM, full CUDA graphs of decode only (bench_async's vLLM)
   [ "${VERL_COMPILE:-1}" = 0 ] && compile=("+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config={mode:0,cudagraph_mode:FULL_DECODE_ONLY}")
-  RUN_INFO="{\"system\": \"verl\", \"recipe\": \"$mode\", \"layout\": \"$layout\", \"updates_per_step\": $p, \"prompts_per_update\": 16, \"n\": 8}" \
+  RUN_INFO="{\"system\": \"verl\", \"recipe\": \"$mode\", \"layout\": \"$layout\", \"updates_per_step\": $p, \"prompts_per_update\": 16, \"n\": 8, \"gpus\": 2}" \
   launch "$name" "$VERL_PATH" python3 -m $entry "${VSHARED[@]}" "${VFORCED[@]}" "${extra[@]}" "${compile[@]}" \
     data.shuffle=False actor_rollout_ref.model.enable_gradient_checkpointing=True \
     actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
@@ -244,7 +244,7 @@ ours2_run() {  # ours2_run NAME SEED CONFIG: python -m recipe.fully_async_main w
   overrides=$(PYTHONPATH=$OURS_PATH python3 scripts/device/verl_bench2.py ours "$config" "$BENCH2" "$RUNS/$name" \
     --steps "$BENCH2_STEPS") || { status=1; return; }
   # shellcheck disable=SC2086
-  RUN_INFO="{\"system\": \"ours\", \"recipe\": \"$config\", \"layout\": \"$layout\", \"updates_per_step\": 1, \"prompts_per_update\": 16, \"n\": 8}" \
+  RUN_INFO="{\"system\": \"ours\", \"recipe\": \"$config\", \"layout\": \"$layout\", \"updates_per_step\": 1, \"prompts_per_update\": 16, \"n\": 8, \"gpus\": 2}" \
   launch "$name" "$OURS_PATH" python3 -m recipe.fully_async_main $overrides data.seed=$seed trainer.seed=$seed \
     actor_rollout_ref.rollout.seed=$seed hydra.run.dir=$RUNS/$name/hydra ${OURS_EXTRA:-} "${cpu[@]}"
 }
