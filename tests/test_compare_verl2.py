@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import sys
 import tarfile
 
@@ -15,15 +14,8 @@ from tests.test_compare_verl import verl_line, write, write_ours_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytest.importorskip("tensorboard")
-
-
-@pytest.fixture(scope="module")
-def cv2():
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    try:
-        return runpy.run_path(os.path.join(ROOT, "scripts", "compare_verl2.py"), run_name="compare_verl2")
-    finally:
-        sys.path.remove(os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))  # compare_verl2 adds it too, for compare_verl and plot_runs
+import compare_verl2 as cv2  # noqa: E402
 
 
 def info(**kw):
@@ -80,9 +72,9 @@ def write_verl_steps_run(folder, recipe, steps):
           run_info_dot_json=info(system="verl", recipe=recipe, layout=layout, updates_per_step=4 if recipe == "v1" else 1))
 
 
-def test_verl_fully_async_recipe(cv2, tmp_path):
+def test_verl_fully_async_recipe(tmp_path):
     write_verl_async_run(tmp_path / "verl2async-1")
-    row = cv2["load"](str(tmp_path / "verl2async-1"), str(tmp_path))
+    row = cv2.load(str(tmp_path / "verl2async-1"), str(tmp_path))
     assert (row.system, row.recipe, row.layout, row.updates) == ("verl", "async", "split 1+1", 8)
     assert row.startup_s == pytest.approx(100.0) and row.window_s == pytest.approx(80.4)  # to the sync after step 8
     assert row.sync_s == pytest.approx(0.25)  # 0.2 and 0.3: not the one before training, not the one after the window
@@ -93,23 +85,23 @@ def test_verl_fully_async_recipe(cv2, tmp_path):
     assert row.peak_mib == [60000.0, 41000.0] and not row.idle_from_timers
 
 
-def test_verl_v1_separate_async_counts_four_updates_per_step(cv2, tmp_path):
+def test_verl_v1_separate_async_counts_four_updates_per_step(tmp_path):
     write_verl_steps_run(tmp_path / "verl2v1-1", "v1", [(1140.0, 40.0, 10.0, 0.5, 40000), (1180.0, 40.0, 6.0, 0.5, 40000)])
-    row = cv2["load"](str(tmp_path / "verl2v1-1"), str(tmp_path))
+    row = cv2.load(str(tmp_path / "verl2v1-1"), str(tmp_path))
     assert (row.recipe, row.updates, row.startup_s, row.window_s) == ("v1", 8, 100.0, 80.0)
     assert row.trained_tokens == 80000 and row.sync_s == pytest.approx(0.5)
     assert row.trainer_idle == pytest.approx(1 - 31.5 / 40) and row.rollout_idle is None and row.idle_from_timers
 
 
-def test_verl_colocated_sync_idles_from_its_timers(cv2, tmp_path):
+def test_verl_colocated_sync_idles_from_its_timers(tmp_path):
     write_verl_steps_run(tmp_path / "verl2sync-1", "sync", [(1120.0, 20.0, 12.0, 1.0, 5000), (1140.0, 20.0, 12.0, 1.0, 5000)])
-    row = cv2["load"](str(tmp_path / "verl2sync-1"), str(tmp_path))
+    row = cv2.load(str(tmp_path / "verl2sync-1"), str(tmp_path))
     assert (row.updates, row.startup_s, row.window_s, row.sync_s) == (2, 100.0, 40.0, 1.0)
     assert row.trainer_idle == pytest.approx(0.65) and row.rollout_idle == pytest.approx(0.4)
     assert row.peak_mib == [70000.0, 71000.0]
 
 
-def test_table_from_archives(cv2, tmp_path):
+def test_table_from_archives(tmp_path):
     write_verl_async_run(tmp_path / "verl2async-1")
     write_ours_run(tmp_path / "ours2split-1")
     write(str(tmp_path / "ours2split-1"), run_info_dot_json=info(system="ours", recipe="s0.5_p1_t4", layout="split 1+1"))
@@ -117,7 +109,7 @@ def test_table_from_archives(cv2, tmp_path):
         for name in os.listdir(tmp_path / "verl2async-1"):
             tar.add(tmp_path / "verl2async-1" / name, arcname=name)
     out = tmp_path / "out" / "t.md"
-    assert cv2["main"]([str(tmp_path / "verl2async-1.tar.gz"), str(tmp_path / "ours2split-1"), "--out", str(out)]) == 0
+    assert cv2.main([str(tmp_path / "verl2async-1.tar.gz"), str(tmp_path / "ours2split-1"), "--out", str(out)]) == 0
     lines = out.read_text().splitlines()
     assert lines[0] == ("| run | system | recipe | layout | updates | start-up s | trained tok/s | s/update | sync s | "
                         "trainer idle | rollout idle | peak MiB per GPU |")
@@ -131,6 +123,6 @@ def test_table_from_archives(cv2, tmp_path):
     assert lines[-1] == "- verl2async-1: tokens of 1 unlogged step(s) estimated from the 7 logged"
 
 
-def test_per_gpu_peaks(cv2):
-    assert cv2["peaks_per_gpu"]("1\n2\n30\n4\n5\n60\n", 2) == [30.0, 60.0]
-    assert cv2["peaks_per_gpu"]("7\n9\n", 1) == [9.0] and cv2["peaks_per_gpu"]("", 2) == []
+def test_per_gpu_peaks():
+    assert cv2.peaks_per_gpu("1\n2\n30\n4\n5\n60\n", 2) == [30.0, 60.0]
+    assert cv2.peaks_per_gpu("7\n9\n", 1) == [9.0] and cv2.peaks_per_gpu("", 2) == []
