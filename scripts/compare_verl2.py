@@ -101,7 +101,8 @@ def verl_async_row(name: str, folder: str, info: dict) -> Row:
     cycles = [m for m in records.values() if "timing_s/step" in m]
     tokens = sum(m.get("perf/total_num_tokens", 0.0) for m in cycles)
     covered = int(max((m.get("training/global_step", 0.0) for m in cycles), default=0))
-    row = Row(name, "verl", info.get("recipe", "async"), info.get("layout", "split 1+1"), len(steps),
+    updates = len(steps) * int(info.get("updates_per_step", 1))  # a trainer step trains require_batches mini-batches
+    row = Row(name, "verl", info.get("recipe", "async"), info.get("layout", "split 1+1"), updates,
               start - launch, end - start, tokens, _mean(train_syncs), None, None)
     if cycles:
         row.trainer_idle = sum(m.get("timing_s/gen", 0.0) for m in cycles) / sum(m["timing_s/step"] for m in cycles)

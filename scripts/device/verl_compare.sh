@@ -75,6 +75,10 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDU
 export VERL_ASYNC_CACHE=${VERL_ASYNC_CACHE:-/root/.cache/verl_async}
 export VLLM_USE_FLASHINFER_SAMPLER=0   # the carried vLLM has no flashinfer (stripped)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # keep multicast off (KINDS.md)
+# verl's NCCL checkpoint engine (the split runs) broadcasts through ray.util.collective over CuPy's NCCL: CuPy finds
+# libnccl by its loader path, so the one that ships with torch goes on it
+NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+[ -d "$NCCL_LIB" ] && export LD_LIBRARY_PATH=$NCCL_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 OURS_PATH="/tmp/site:$PWD"
 VERL_PATH="/tmp/site_verl:/tmp/site:$PWD:$PWD/scripts/device"   # verl's own transformers/tensordict first
 DATA=/tmp/data/arith
@@ -197,19 +201,21 @@ verl_run() {  # verl_run NAME SEED BENCH(0|1)
 verl2_run() {  # verl2_run NAME SEED MODE: MODE = async (the fully async recipe, 1+1) | v1 (V1 separate_async, 1+1)
   #              | sync (main_ppo colocated on both GPUs); verl's settings in the header
   local name=$1 seed=$2 mode=$3 entry=verl.trainer.main_ppo mem=$VERL2_MEM_SPLIT micro=$VERL2_MICRO layout extra=()
-  local prompts=$((BENCH2_STEPS * 16)) p=${VERL2_TRIGGER:-4}
+  local prompts=$((BENCH2_STEPS * 16)) p=${VERL2_TRIGGER:-4} upd  # upd: PPO updates per step verl logs
   case $mode in
-    async)
-      entry=verl.experimental.fully_async_policy.fully_async_main layout="split 1+1"
+    async)  # multi_turn.enable: else the recipe names every sample's agent loop single_turn_agent (detach_utils.py,
+      # prepare_single_generation_data) and the forced lengths are lost; test_freq 1000, not -1: verl's end of fit logs
+      # the last cycle's metrics only when test_freq does not divide the version; a trainer step: require_batches updates
+      entry=verl.experimental.fully_async_policy.fully_async_main layout="split 1+1" upd=${VERL2_REQUIRE:-1}
       extra=(data.train_batch_size=0 data.gen_batch_size=1 actor_rollout_ref.hybrid_engine=False
         trainer.n_gpus_per_node=1 rollout.nnodes=1 rollout.n_gpus_per_node=1 rollout.total_rollout_steps=$prompts
         async_training.staleness_threshold=${VERL2_STALENESS:-0.5} async_training.trigger_parameter_sync_step=$p
-        async_training.require_batches=${VERL2_REQUIRE:-1} async_training.partial_rollout=True
+        async_training.require_batches=$upd async_training.partial_rollout=True
         async_training.concurrent_samples_per_replica=${VERL_CONCURRENT:-32}
-        actor_rollout_ref.rollout.checkpoint_engine.backend=nccl trainer.total_epochs=1
-        trainer.test_freq=1000) ;;  # not -1: verl's end of fit logs the last steps only when test_freq does not divide
-    v1)
-      layout="split 1+1"
+        actor_rollout_ref.rollout.checkpoint_engine.backend=nccl actor_rollout_ref.rollout.multi_turn.enable=True
+        trainer.total_epochs=1 trainer.test_freq=1000) ;;
+    v1)  # one logged step = one weight version = parameter_sync_step updates
+      layout="split 1+1" upd=$p
       extra=(trainer.use_v1=True trainer.v1.trainer_mode=separate_async trainer.v1.separate_async.parameter_sync_step=$p
         trainer.v1.separate_async.num_warmup_batches=${VERL2_WARMUP:-0.5} data.train_batch_size=$((16 * p))
         actor_rollout_ref.hybrid_engine=False trainer.n_gpus_per_node=1
@@ -217,15 +223,16 @@ verl2_run() {  # verl2_run NAME SEED MODE: MODE = async (the fully async recipe,
         actor_rollout_ref.rollout.checkpoint_engine.backend=nccl
         trainer.total_training_steps=$((BENCH2_STEPS / p)) trainer.total_epochs=1000 trainer.test_freq=-1) ;;
     sync)
-      layout="colocated 2" mem=$VERL2_MEM_SYNC micro=${VERL2_MICRO_SYNC:-$VERL2_MICRO} p=1
+      layout="colocated 2" mem=$VERL2_MEM_SYNC micro=${VERL2_MICRO_SYNC:-$VERL2_MICRO} upd=1
       extra=(data.train_batch_size=16 trainer.n_gpus_per_node=2 trainer.total_training_steps=$BENCH2_STEPS
         trainer.total_epochs=1000 trainer.test_freq=-1) ;;
+    *) echo "verl2_run: unknown mode $mode" >&2; status=2; return ;;
   esac
   verl_shared "$name" "$seed" "$BENCH2/model" "$BENCH2" 128 2048 "$micro" "$mem"
   verl_forced "$BENCH2"
   local compile=()  # VERL_COMPILE=0: no torch.compile in vLLM, full CUDA graphs of decode only (bench_async's vLLM)
   [ "${VERL_COMPILE:-1}" = 0 ] && compile=("+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config={mode:0,cudagraph_mode:FULL_DECODE_ONLY}")
-  RUN_INFO="{\"system\": \"verl\", \"recipe\": \"$mode\", \"layout\": \"$layout\", \"updates_per_step\": $p, \"prompts_per_update\": 16, \"n\": 8, \"gpus\": 2}" \
+  RUN_INFO="{\"system\": \"verl\", \"recipe\": \"$mode\", \"layout\": \"$layout\", \"updates_per_step\": $upd, \"prompts_per_update\": 16, \"n\": 8, \"gpus\": 2}" \
   launch "$name" "$VERL_PATH" python3 -m $entry "${VSHARED[@]}" "${VFORCED[@]}" "${extra[@]}" "${compile[@]}" \
     data.shuffle=False actor_rollout_ref.model.enable_gradient_checkpointing=True \
     actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
@@ -292,6 +299,10 @@ import verl.trainer.main_ppo, verl.trainer.ppo.ray_trainer, verl.workers.engine_
 import verl.workers.rollout.vllm_rollout.vllm_async_server, verl_forced_length, verl_reward  # noqa: E401
 import verl.experimental.fully_async_policy.fully_async_main, verl.trainer.ppo.v1.trainer_separate_async  # noqa: E401
 print('verl import check: ok')"
+    echo "--- verl's NCCL checkpoint engine: CuPy's NCCL (LD_LIBRARY_PATH has ${NCCL_LIB:-no torch NCCL dir})"
+    PYTHONPATH=$VERL_PATH python3 -c "import cupy, ray.util.collective, verl.checkpoint_engine.nccl_checkpoint_engine  # noqa: E401
+from cupy.cuda import nccl
+print('cupy', cupy.__version__, 'nccl', nccl.get_version(), 'ray.util.collective: ok')"
   } 2>&1 | grep -v "it/s" | tee "$OUT/versions.txt"
 }
 
