@@ -214,10 +214,12 @@ verl2_run() {  # verl2_run NAME SEED MODE: MODE = async (the fully async recipe,
         async_training.concurrent_samples_per_replica=${VERL_CONCURRENT:-32}
         actor_rollout_ref.rollout.checkpoint_engine.backend=nccl actor_rollout_ref.rollout.multi_turn.enable=True
         trainer.total_epochs=1 trainer.test_freq=1000) ;;
-    v1)  # one logged step = one weight version = parameter_sync_step updates
+    v1)  # one logged step = one weight version = parameter_sync_step updates; gen_batch_size 1 (prompts admitted one
+      # at a time, as the recipe): left null, verl fetches train_batch_size at once and rounds a 0.5 warmup down to none
       layout="split 1+1" upd=$p
       extra=(trainer.use_v1=True trainer.v1.trainer_mode=separate_async trainer.v1.separate_async.parameter_sync_step=$p
         trainer.v1.separate_async.num_warmup_batches=${VERL2_WARMUP:-0.5} data.train_batch_size=$((16 * p))
+        data.gen_batch_size=1
         actor_rollout_ref.hybrid_engine=False trainer.n_gpus_per_node=1
         actor_rollout_ref.rollout.nnodes=1 actor_rollout_ref.rollout.n_gpus_per_node=1
         actor_rollout_ref.rollout.checkpoint_engine.backend=nccl
