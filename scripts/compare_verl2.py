@@ -5,7 +5,7 @@
 Each RUN is a folder or a .tar.gz as scripts/device/verl_compare.sh archives a two-GPU phase (verl2async,
 verl2v1, verl2sync, ours2split, ours2sync): console.log (every line prefixed with the time.time() it was
 printed), launch_epoch, gpu_mem.csv (nvidia-smi's used MiB of each GPU every 0.5 s, the GPUs' lines in turn),
-run_info.json (system, recipe, layout, PPO updates per logged step), and verl's file-logger metrics.jsonl or our
+bench_info.json (system, recipe, layout, PPO updates per logged step), and verl's file-logger metrics.jsonl or our
 tensorboard/ + timeline.jsonl. Parsing of verl's console and file logger: scripts/compare_verl.py.
 
 Columns (every time in seconds; the training window runs from the first moment the trainer waits for samples
@@ -68,8 +68,8 @@ class Row:
     notes: list[str] = field(default_factory=list)
 
 
-def run_info(folder: str) -> dict:
-    text = _read(folder, "run_info.json")
+def bench_info(folder: str) -> dict:
+    text = _read(folder, "bench_info.json")
     return json.loads(text) if text.strip() else {}
 
 
@@ -142,7 +142,7 @@ def ours_row(name: str, folder: str, info: dict) -> Row:
 
 def load(path: str, scratch: str) -> Row:
     name, folder = unpack_run(path, scratch)
-    info = run_info(folder)
+    info = bench_info(folder)
     if info.get("system") == "ours" or os.path.exists(os.path.join(folder, "timeline.jsonl")):
         row = ours_row(name, folder, info)
     elif info.get("recipe") == "async" or "[FullyAsyncTrainer]" in _read(folder, "console.log"):

@@ -54,7 +54,7 @@ def write_verl_async_run(folder):
                     "training/global_step": 7})]
     write(folder, console_dot_log="".join(lines), metrics_dot_jsonl=jsonl(records), launch_epoch="1000.000\n",
           gpu_mem_dot_csv="100\n200\n60000\n30000\n50000\n41000\n",
-          run_info_dot_json=info(system="verl", recipe="async", layout="split 1+1", updates_per_step=1))
+          bench_info_dot_json=info(system="verl", recipe="async", layout="split 1+1", updates_per_step=1))
 
 
 def write_verl_steps_run(folder, recipe, steps):
@@ -69,7 +69,7 @@ def write_verl_steps_run(folder, recipe, steps):
     layout = "split 1+1" if recipe == "v1" else "colocated 2"
     write(folder, console_dot_log="".join(lines), metrics_dot_jsonl=jsonl(records), launch_epoch="1000.000\n",
           gpu_mem_dot_csv="70000\n71000\n",
-          run_info_dot_json=info(system="verl", recipe=recipe, layout=layout, updates_per_step=4 if recipe == "v1" else 1))
+          bench_info_dot_json=info(system="verl", recipe=recipe, layout=layout, updates_per_step=4 if recipe == "v1" else 1))
 
 
 def test_verl_fully_async_recipe(tmp_path):
@@ -104,7 +104,7 @@ def test_verl_colocated_sync_idles_from_its_timers(tmp_path):
 def test_table_from_archives(tmp_path):
     write_verl_async_run(tmp_path / "verl2async-1")
     write_ours_run(tmp_path / "ours2split-1")
-    write(str(tmp_path / "ours2split-1"), run_info_dot_json=info(system="ours", recipe="s0.5_p1_t4", layout="split 1+1"))
+    write(str(tmp_path / "ours2split-1"), bench_info_dot_json=info(system="ours", recipe="s0.5_p1_t4", layout="split 1+1"))
     with tarfile.open(tmp_path / "verl2async-1.tar.gz", "w:gz") as tar:
         for name in os.listdir(tmp_path / "verl2async-1"):
             tar.add(tmp_path / "verl2async-1" / name, arcname=name)

@@ -53,7 +53,7 @@
 #   ours2split:SEED  python -m recipe.fully_async_main with bench_async's s0.5_p1_t4 (OURS2_SPLIT): our split defaults
 #                  (1 + 1 GPUs, NCCL, staleness 0.5, trigger 4, partial rollout), native engine
 #   ours2sync:SEED bench_async's sync: colocated on both GPUs (2 replicas + 2-rank FSDP2), staleness 0, trigger 1
-#                  Each two-GPU archive has run_info.json (system, recipe, layout, PPO updates per logged step); then
+#                  Each two-GPU archive has bench_info.json (system, recipe, layout, PPO updates per logged step); then
 #                  here: python scripts/compare_verl2.py verl2*.tar.gz ours2*.tar.gz --out bench/...
 #   queue:P1,P2,.. run phases one after another in the background (setsid: they outlive the call while the machine
 #                  is held); wait:SECONDS waits for them, then copies what finished to $OUT, and NAME-partial.tar.gz
@@ -115,7 +115,7 @@ launch() {  # launch NAME ENV_PYTHONPATH CMD...: timed, timestamped, GPU memory 
   local dir t0=$SECONDS
   dir=$(run_dir "$name")
   echo "=== $name (limit ${LIMIT}s)"
-  [ -n "${RUN_INFO:-}" ] && echo "$RUN_INFO" > "$dir/run_info.json"
+  [ -n "${BENCH_INFO:-}" ] && echo "$BENCH_INFO" > "$dir/bench_info.json"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$dir/gpu_mem.csv" 2>/dev/null &
   local sampler=$!
   python3 -c "import time; print(f'{time.time():.3f}')" > "$dir/launch_epoch"
@@ -126,7 +126,7 @@ launch() {  # launch NAME ENV_PYTHONPATH CMD...: timed, timestamped, GPU memory 
   echo "=== $name: rc=$rc in $((SECONDS - t0))s; peak GPU memory $(sort -n "$dir/gpu_mem.csv" | tail -1) MiB"
   grep -aE "val-core|validation|done in|Error|error:" "$dir/console.log" | tail -n 6 | cut -c1-300
   (cd "$dir" && tar czf "$STORE/$name.tar.gz" --ignore-failed-read console.log launch_epoch gpu_mem.csv metrics.jsonl \
-      run_info.json tensorboard timeline.jsonl timeline.html config.yaml 2>/dev/null)
+      bench_info.json tensorboard timeline.jsonl timeline.html config.yaml 2>/dev/null)
   [ "$rc" -eq 0 ] || status=1
 }
 
@@ -234,7 +234,7 @@ verl2_run() {  # verl2_run NAME SEED MODE: MODE = async (the fully async recipe,
   verl_forced "$BENCH2"
   local compile=()  # VERL_COMPILE=0: no torch.compile in vLLM, full CUDA graphs of decode only (bench_async's vLLM)
   [ "${VERL_COMPILE:-1}" = 0 ] && compile=("+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config={mode:0,cudagraph_mode:FULL_DECODE_ONLY}")
-  RUN_INFO="{\"system\": \"verl\", \"recipe\": \"$mode\", \"layout\": \"$layout\", \"updates_per_step\": $upd, \"prompts_per_update\": 16, \"n\": 8, \"gpus\": 2}" \
+  BENCH_INFO="{\"system\": \"verl\", \"recipe\": \"$mode\", \"layout\": \"$layout\", \"updates_per_step\": $upd, \"prompts_per_update\": 16, \"n\": 8, \"gpus\": 2}" \
   launch "$name" "$VERL_PATH" python3 -m $entry "${VSHARED[@]}" "${VFORCED[@]}" "${extra[@]}" "${compile[@]}" \
     data.shuffle=False actor_rollout_ref.model.enable_gradient_checkpointing=True \
     actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
@@ -253,7 +253,7 @@ ours2_run() {  # ours2_run NAME SEED CONFIG: python -m recipe.fully_async_main w
   overrides=$(PYTHONPATH=$OURS_PATH python3 scripts/device/verl_bench2.py ours "$config" "$BENCH2" "$RUNS/$name" \
     --steps "$BENCH2_STEPS") || { status=1; return; }
   # shellcheck disable=SC2086
-  RUN_INFO="{\"system\": \"ours\", \"recipe\": \"$config\", \"layout\": \"$layout\", \"updates_per_step\": 1, \"prompts_per_update\": 16, \"n\": 8, \"gpus\": 2}" \
+  BENCH_INFO="{\"system\": \"ours\", \"recipe\": \"$config\", \"layout\": \"$layout\", \"updates_per_step\": 1, \"prompts_per_update\": 16, \"n\": 8, \"gpus\": 2}" \
   launch "$name" "$OURS_PATH" python3 -m recipe.fully_async_main $overrides data.seed=$seed trainer.seed=$seed \
     actor_rollout_ref.rollout.seed=$seed hydra.run.dir=$RUNS/$name/hydra ${OURS_EXTRA:-} "${cpu[@]}"
 }
@@ -362,7 +362,7 @@ PY
         [ -f "$d/console.log" ] && echo "--- $(basename "$d"): $(grep -aoE "(^| )step:[0-9]+|\[ *[0-9]+\]" "$d/console.log" | tail -1 | tr -d ' ')"
       done
       send_finished "$STORE"/*.tar.gz "$STORE"/engine_vllm_offline.json "$STORE"/engine_vllm_offline.log
-      send_partial console.log launch_epoch gpu_mem.csv metrics.jsonl run_info.json tensorboard timeline.jsonl
+      send_partial console.log launch_epoch gpu_mem.csv metrics.jsonl bench_info.json tensorboard timeline.jsonl
       ls "$OUT" ;;
     *) echo "unknown phase $phase" >&2; status=2 ;;
   esac
