@@ -150,6 +150,8 @@ def load(path: str, scratch: str) -> Row:
     else:
         row = verl_steps_row(name, folder, info)
     row.peak_mib = peaks_per_gpu(_read(folder, "gpu_mem.csv"), int(info.get("gpus", 1)))
+    if not _read(folder, "launch_epoch").strip():  # a run folder not launched by verl_compare.sh: no launch time
+        row.startup_s = None
     return row
 
 
