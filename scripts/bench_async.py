@@ -352,16 +352,23 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, list[str]]:
+    """The arguments with their size defaults filled in, and the config names (also read by
+    scripts/device/verl_bench2.py, whose two-GPU runs take this workload and these settings)."""
     p = make_parser()
     args = fill_defaults(p.parse_args(argv))
-    tiny = args.tiny
     configs = [c for c in args.configs.split(",") if c]
     bad = [c for c in configs if c != "sync" and CONFIG_RE.match(c) is None]
     if bad:
         p.error(f"unknown --configs {bad}: sync, sS_pP[_tT] (split) or cS_pP[_tT] (colocated async), e.g. {CONFIGS}")
     if args.train_gpus is not None and not 1 <= args.train_gpus < args.gpus:
         p.error(f"--train-gpus {args.train_gpus}: the async runs need 1..{args.gpus - 1} of the --gpus {args.gpus}")
+    return args, configs
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args, configs = parse_args(argv)
+    tiny = args.tiny
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     args.work_dir = args.work_dir or os.path.join(out_dir, "bench_async_runs")
