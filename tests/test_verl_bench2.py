@@ -21,7 +21,7 @@ def test_the_workload_is_bench_asyncs_long_tail_on_two_gpus():
 
 @pytest.mark.parametrize("config, gpus, colocate, transport, staleness, trigger", [
     ("s0.5_p1_t4", "1", "false", "nccl", "0.5", "4"),
-    ("sync", "2", "true", "object_store", "0.0", "1"),
+    ("sync", "2", "true", "auto", "0.0", "1"),
 ])
 def test_our_runs_get_bench_asyncs_overrides(config, gpus, colocate, transport, staleness, trigger):
     args = verl_bench2.bench_args(8, "1.5b", config)
