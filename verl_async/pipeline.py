@@ -37,7 +37,8 @@ from verl_async.trainer.trainer import Trainer, load_rollout_groups
 from verl_async.trainer.worker_group import FSDPWorkerGroup, trainer_node_plan
 from verl_async.utils.shared_dirs import SharedDir, mark, unmark, verify_here
 from verl_async.utils.threads import set_torch_threads, wait_policy_env
-from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
+from verl_async.utils.startup import Phase, StartupClock, format_startup, record_actor, record_phases, startup_breakdown
+from verl_async.utils.timeline import Timeline, busy_fraction, read_spans, render_timeline_html
 
 logger = logging.getLogger("verl_async")
 
@@ -63,17 +64,24 @@ class TrainerHost(Trainer):
 
     def __init__(self, cfg: Any, queue: Any, rollouter: Any, *, run_dir: str, run_start: float, pad_token_id: int,
                  shared_dirs: Sequence[SharedDir] = ()) -> None:
+        self.startup = StartupClock()
         verify_here(shared_dirs, "the trainer")
         set_torch_threads(1)  # collates and prepares batches; the ranks compute (utils/threads.py)
         debug = cfg.debug
         load = debug.get("load_rollout_data")
         wg = None if debug.get("rollout_only") else build_worker_group(cfg, shared_dirs)
+        if wg is not None:
+            self.startup.add(wg.startup_phases)
         self._console: collections.deque[str] = collections.deque()  # the console logger's lines, for the driver
-        super().__init__(
-            cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=pad_token_id,
-            worker_group=wg, group_source=load_rollout_groups(str(load)) if load else None,
-            console_sink=self._console.append,
-        )
+        with self.startup.phase("trainer_setup"):  # loggers (TensorBoard), the weight-sync transport
+            super().__init__(
+                cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=pad_token_id,
+                worker_group=wg, group_source=load_rollout_groups(str(load)) if load else None,
+                console_sink=self._console.append,
+            )
+        if wg is not None:
+            for rank, (created, report) in enumerate(wg.rank_reports):
+                record_actor(self.timeline, f"rank{rank}", created, report)
 
     def progress(self) -> dict[str, Any]:
         """The Trainer's progress and the console lines logged since the last call (the driver prints them above
@@ -85,6 +93,10 @@ class TrainerHost(Trainer):
         while self._console:
             lines.append(self._console.popleft())
         return lines
+
+    def startup_report(self) -> dict[str, Any]:
+        """This actor's start-up phases (utils/startup.py); its ranks' lanes are in the timeline already."""
+        return self.startup.report()
 
     def placement(self) -> str:
         """Where the worker group's ranks run ("" without one: rollout-only)."""
@@ -278,10 +290,14 @@ def _heal(heal: Optional[Callable[[BaseException], Any]], exc: BaseException) ->
             from again
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
+def run(cfg: DictConfig, before: Sequence[Phase] = ()) -> dict[str, Any]:
+    """The run; `before`: the entry point's start-up phases before this call (utils/startup.py)."""
     run_start = time.time()
+    clock = StartupClock()
+    clock.add(before)
     debug = cfg.debug
-    model_path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
+    with clock.phase("model_path"):  # a builtin:// model is built (or found in the cache) here
+        model_path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
     # every path an actor sees, decided here: absolute, one run folder (config/run_paths.py)
     cfg = absolute_paths(OmegaConf.merge(cfg, {"actor_rollout_ref": {"model": {"path": model_path}}}))
     model_path = str(cfg.actor_rollout_ref.model.path)
@@ -292,9 +308,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     OmegaConf.save(cfg, os.path.join(run_dir, "config.yaml"))
     shared = mark(shared_folders(cfg))  # each actor checks that its node sees them (utils/shared_dirs.py)
     try:
-        started_ray = ray_init(cfg)
+        with clock.phase("ray_init"):
+            started_ray = ray_init(cfg)
         try:
-            return _run(cfg, model_path, run_dir, run_start, debug, shared)
+            return _run(cfg, model_path, run_dir, run_start, debug, shared, clock=clock)
         finally:
             if started_ray:
                 ray.shutdown()
@@ -314,23 +331,32 @@ def placement_plans(cfg: Any, train_only: bool) -> list[NodePlan]:
 
 
 def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
-         shared: Sequence[SharedDir] = ()) -> dict[str, Any]:
-    tokenizer = run_tokenizer(cfg.actor_rollout_ref.model, model_path)
+         shared: Sequence[SharedDir] = (), clock: Optional[StartupClock] = None) -> dict[str, Any]:
+    clock = clock or StartupClock()
+    timeline_path = os.path.join(run_dir, "timeline.jsonl")
+    timeline = Timeline(timeline_path, run_start)
+    timeline_at = os.path.getsize(timeline_path) if os.path.exists(timeline_path) else 0  # this run's spans follow
+    with clock.phase("tokenizer"):
+        tokenizer = run_tokenizer(cfg.actor_rollout_ref.model, model_path)
     train_only = bool(debug.get("train_only")) or bool(debug.get("load_rollout_data"))
     timeout = float(cfg.trainer.worker_timeout_s)
     capacity = int(cfg.async_training.get("queue_capacity") or max_required_samples(cfg))
     actors: list[Any] = []
     try:
-        check_plans(placement_plans(cfg, train_only))  # a plan no node can hold: one line now, not a timeout later
+        with clock.phase("placement"):
+            check_plans(placement_plans(cfg, train_only))  # a plan no node can hold: one line now, not a timeout later
     except PlacementError as exc:
         raise PipelineError(str(exc)) from None
+    created: dict[str, float] = {}  # actor -> when the driver asked for it (its lane's `worker` phase starts there)
     try:
         heals = trainer_heals(cfg)  # healing/trainer.py: the queue keeps the groups taken since the last checkpoint
         queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(
             capacity, int(cfg.actor_rollout_ref.rollout.n), keep_taken=heals)
         actors.append(queue)
         rollouter = None
+        actors_asked = time.time()
         if not train_only:
+            created["rollouter"] = time.time()
             rollouter = _actor_cls(RolloutService, num_cpus=0.2, max_concurrency=1000,
                                    **pin(cfg.rollout.get("node_resource"))).remote(
                 cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start, shared_dirs=shared
@@ -343,6 +369,7 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
                 shared_dirs=dirs,
             )
 
+        created["trainer"] = time.time()
         trainer = start_trainer(shared)
         actors.append(trainer)
         # each actor's start (its replicas or ranks, their nodes' folders) fails here, named, before the resume
@@ -351,11 +378,17 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
             _get("starting the Rollouter and its engine replicas", rollouter.total_prompts.remote(),
                  timeout + replica_start_timeout_s(cfg)))
         _get("starting the trainer and its worker group", trainer.progress.remote(), timeout)
+        clock.phases.append(("actors", actors_asked, time.time()))
         unmark(shared)  # every actor of the run has checked its node: the markers are done
         placed = _placement(trainer, rollouter, timeout)
         if placed:
             print(f"placement: {placed}", flush=True)
-        version = _get("the resume", trainer.restore.remote(), timeout)
+        for name, handle in (("rollouter", rollouter), ("trainer", trainer)):
+            if handle is not None:
+                record_actor(timeline, name, created[name],
+                             _get("the start-up report", handle.startup_report.remote(), timeout))
+        with clock.phase("resume"):
+            version = _get("the resume", trainer.restore.remote(), timeout)
         total_steps = None if prompts is None else max(1, -(-prompts // required_samples(cfg)))
         cap = int(cfg.trainer.get("total_training_steps") or 0)
         if cap:  # the trainer stops there (a run with algorithm.filter_groups needs more prompts than steps)
@@ -363,18 +396,22 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
         resumed = _get("the resume", trainer.resume_point.remote(), timeout)
         print(f"resuming from {resumed['path']}{step_of(resumed['step'], total_steps)}" if resumed["path"]
               else "starting fresh", flush=True)
-        _get("the first weight sync", trainer.push_weights.remote(False), timeout)  # version `version` on every replica
+        with clock.phase("first_sync"):  # version `version` on every replica
+            _get("the first weight sync", trainer.push_weights.remote(False), timeout)
         timeouts = _get("the timeouts query", trainer.timeouts.remote(), timeout)
         before: dict[str, Any] = {}
         if rollouter is not None and bool(cfg.trainer.val_before_train):
-            before, failure = _get("the validation before training", trainer.validate_before_training.remote(),
-                                   timeouts["validation_s"] + 60, key="trainer.val_timeout_s")
+            with clock.phase("val_before_train"):
+                before, failure = _get("the validation before training", trainer.validate_before_training.remote(),
+                                       timeouts["validation_s"] + 60, key="trainer.val_timeout_s")
             _print_console(trainer, timeout)
             if failure:
                 print(f"warning: the validation before training (version {version}) failed, training goes on: "
                       f"{failure}", flush=True)
             elif before:
                 print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
+        record_phases(timeline, "driver", clock.phases)
+        clock.phases.clear()  # recorded: a failure from here on records nothing twice
         supervisor = TrainerSupervisor(start_trainer, trainer, queue, rollouter,
                                        max_restarts=int(cfg.trainer.max_restarts) if heals else 0, timeout_s=timeout,
                                        sync_timeout_s=sync_timeout_s(cfg), start_step=int(resumed["step"]),
@@ -394,8 +431,10 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
             "the trainer summary", trainer.summary.remote(), timeout)["validation_failures"]  # finish's too
         results["trainer_restarts"] = supervisor.summary()
         return _summarise(run_dir, results, before, after, time.time() - run_start, planned=total_steps,
-                          per_step=required_samples(cfg), load_pattern=debug.get("load_rollout_data"))
+                          per_step=required_samples(cfg), load_pattern=debug.get("load_rollout_data"),
+                          timeline_at=timeline_at)
     finally:
+        record_phases(timeline, "driver", clock.phases)  # a start-up that failed: how far it came
         _teardown(actors, timeout=60)
 
 
@@ -439,7 +478,8 @@ def _fmt(metrics: dict[str, float]) -> str:
 
 
 def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: float, *,
-               planned: Optional[int] = None, per_step: int = 1, load_pattern: Optional[str] = None) -> dict[str, Any]:
+               planned: Optional[int] = None, per_step: int = 1, load_pattern: Optional[str] = None,
+               timeline_at: int = 0) -> dict[str, Any]:
     """Print the run's end (warnings, then one last line) and return its summary; a run that trained nothing
     raises PipelineError saying why and what to change (verl_async/outcome.py)."""
     timeline_path = os.path.join(run_dir, "timeline.jsonl")
@@ -456,6 +496,7 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
         summary["timeline"] = html
         summary["rollout_busy_fraction"] = busy_fraction(spans, "rollout/replica", ("generate",), wall)
         summary["trainer_busy_fraction"] = busy_fraction(spans, "trainer/driver", ("train", "logprob"), wall)
+        summary.update(startup_breakdown(read_spans(timeline_path, offset=timeline_at)))  # this run's spans only
     for index, why in rollout.get("replicas_out", {}).items():
         print(f"warning: engine replica {index} was taken out of rotation: {why}", flush=True)
     summary.update(heal_summary(rollout.get("replica_heals", []), results.get("trainer_restarts", [])))
@@ -489,6 +530,8 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
         raise PipelineError(f"{failed} (outputs in {run_dir})")
     resumed = f" (resumed at step {start}, now at step {steps})" if start else ""
     short = shortfall(counts)
+    for line in format_startup(summary):  # where the time before the first token went (utils/startup.py)
+        print(line, flush=True)
     print(
         f"done in {wall:.1f}s: {steps - start} steps trained{resumed}, version {summary.get('trainer/version', 0)}, "
         f"outputs in {run_dir} (tensorboard/, timeline.html, rollout/lengths.jsonl)" + (f"; {short}" if short else ""),

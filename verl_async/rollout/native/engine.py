@@ -142,10 +142,12 @@ class NativeEngine(InferenceEngine):
             problem = environment_problem(self._spec.kind)
             if problem is not None:
                 raise RuntimeError(problem)
+        loading = time.time()
         if model is None:
             if model_path is None:
                 raise ValueError("native engine: give model_path (HF id or folder) or a loaded model")
             model = self._load(model_path, parse_dtype(dtype), trust_remote_code, override_config, attn_implementation)
+        loaded = time.time()
         model.eval().requires_grad_(False)
         self._model = model
         config = model.config
@@ -201,6 +203,8 @@ class NativeEngine(InferenceEngine):
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="native-engine", daemon=True)
         self._thread.start()
+        # start-up (utils/startup.py): the weights onto the device, then the KV cache and the model runner
+        self.startup_phases = [("model_load", loading, loaded), ("engine_build", loaded, time.time())]
 
     # ------------------------------------------------------------------ construction helpers
     def _load(self, path, dtype, trust_remote_code, override_config, attn_implementation):
