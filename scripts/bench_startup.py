@@ -11,7 +11,11 @@ reports per run:
   to_first_token `pipeline.run` began -> the first generation started (Ray, the actors and their
                  imports, the model on every side, the first weight sync): the timeline's `startup_s`
   total          the sum: the command typed to the first generated token
+  first_step     `pipeline.run` began -> the first training step ended
   wall           the whole process (the short run and the teardown included)
+
+and, where the tree records it (utils/startup.py), the median of every start-up phase (`startup/<who>/<phase>`)
+in a second table (`--phases`).
 
 The timeline's times are relative to `pipeline.run`'s start, so this script watches
 `<run>/timeline.jsonl` while the run goes: the first `generate` line seen at time T with span end E
@@ -30,6 +34,9 @@ import sys
 import tempfile
 import time
 from typing import Optional
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from verl_async.utils.startup import startup_breakdown  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # builtin://tiny-random: the demo's shape without its one-time warm-start (a cache build, not start-up)
@@ -80,7 +87,10 @@ def measure(checkout: str, extra: list[str], python: str, timeout: float) -> dic
             raise RuntimeError(f"run failed (exit {proc.returncode}):\n{''.join(log[-30:])}")
         spans = [json.loads(line) for line in open(timeline) if line.strip()]
         first = min(s["start"] for s in spans if s["kind"] == "generate")
-    return {"to_run_start": run_start - t0, "to_first_token": first, "total": run_start - t0 + first, "wall": wall}
+        step = min((s["end"] for s in spans if s["kind"] == "train"), default=float("nan"))
+    phases = {k: v for k, v in startup_breakdown(spans).items() if k.count("/") == 2}
+    return {"to_run_start": run_start - t0, "to_first_token": first, "total": run_start - t0 + first,
+            "first_step": step, "wall": wall, **phases}
 
 
 def main() -> None:
@@ -90,6 +100,8 @@ def main() -> None:
                         help="a tree to measure (repeatable: the trees alternate run by run); default this one")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--phases", action="store_true", help="also the median of every start-up phase")
+    parser.add_argument("--json", default=None, help="write every run's numbers here")
     parser.add_argument("overrides", nargs="*", help="key=value overrides after the short run's")
     args = parser.parse_args()
     trees = [os.path.abspath(c) for c in (args.checkout or [REPO])]
@@ -98,12 +110,24 @@ def main() -> None:
         for tree in trees:
             r = measure(tree, args.overrides, args.python, args.timeout)
             results[tree].append(r)
-            print(f"{tree} run {i + 1}: " + ", ".join(f"{k}={v:.1f}s" for k, v in r.items()), flush=True)
-    print("\n| tree | runs | to_run_start | to_first_token | total (median) | wall |\n|---|---|---|---|---|---|")
-    for tree, rs in results.items():
-        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        print(f"| {tree} | {len(rs)} | {med['to_run_start']:.1f} | {med['to_first_token']:.1f} | {med['total']:.1f} | "
-              f"{med['wall']:.1f} |")
+            print(f"{tree} run {i + 1}: " + ", ".join(f"{k}={v:.1f}s" for k, v in r.items() if "/" not in k),
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    print("\n| tree | runs | to_run_start | to_first_token | total (median) | first_step | wall |\n"
+          "|---|---|---|---|---|---|---|")
+    medians = {tree: {k: statistics.median(r.get(k, float("nan")) for r in rs) for k in rs[0]}
+               for tree, rs in results.items()}
+    for tree, med in medians.items():
+        print(f"| {tree} | {len(results[tree])} | {med['to_run_start']:.1f} | {med['to_first_token']:.1f} | "
+              f"{med['total']:.1f} | {med['first_step']:.1f} | {med['wall']:.1f} |")
+    if args.phases:
+        keys = sorted({k for med in medians.values() for k in med if "/" in k})
+        print("\n| phase (median s) | " + " | ".join(medians) + " |\n|---|" + "---|" * len(medians))
+        for key in keys:
+            print(f"| {key[len('startup/'):]} | " + " | ".join(f"{med.get(key, float('nan')):.2f}"
+                                                        for med in medians.values()) + " |")
 
 
 if __name__ == "__main__":
