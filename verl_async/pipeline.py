@@ -8,11 +8,12 @@ options); if either side dies the other is stopped and the root cause is raised.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import ray
 from omegaconf import DictConfig, OmegaConf
@@ -43,6 +44,10 @@ from verl_async.utils.timeline import Timeline, busy_fraction, read_spans, rende
 logger = logging.getLogger("verl_async")
 
 LOGGER_ENV = ("TENSORBOARD_DIR", "VERL_FILE_LOGGER_PATH")  # where verl's loggers write (utils/tracking_backends.py)
+# what a local Ray's workers import when they start, before any actor is placed on them (start-up: the prestarted
+# workers have it loaded by the time the actors come). Not transformers: nothing may touch CUDA before Ray has set
+# a GPU actor's CUDA_VISIBLE_DEVICES, and `import torch` does not.
+PRELOAD_MODULES = ("torch",)
 LOCAL_NODE_RESOURCE = 1.0  # what a local Ray carries of each named *.node_resource (as `ray start --resources`)
 
 # actor_rollout_ref.actor.strategy -> worker group (verl's FSDP1 "fsdp" runs as FSDP2). Megatron's module
@@ -116,6 +121,11 @@ def ray_init(cfg: Any) -> bool:
     code (PYTHONPATH) and its cache folder (VERL_ASYNC_CACHE). A local Ray carries the
     `*.node_resource` the config names, so a config pinned for a cluster also runs on one machine.
     Returns True when this process started Ray (and should shut it down).
+
+    Start-up: a local Ray whose runtime_env is environment variables only gets them by inheritance (its
+    processes start from this one's environment) instead of as a job runtime_env, so that the idle workers
+    its raylet starts at once (one per CPU) can serve the run's actors (Ray gives a job with a runtime_env
+    fresh workers only); those workers import torch while the driver goes on (`PRELOAD_MODULES`).
     """
     if ray.is_initialized():
         return False
@@ -135,16 +145,34 @@ def ray_init(cfg: Any) -> bool:
     if left:  # ray.init() would join it and then refuse ray_init.num_cpus; another run's Ray is not this run's
         print(f"ray          a local Ray of its own; the cluster `ray start` left on this machine ({left}) is joined "
               f"with ray_init.address=auto", flush=True)
-    ray.init(
-        address="local",
-        num_cpus=None if num_cpus is None else int(num_cpus),
-        resources=pinned or None,
-        include_dashboard=False,
-        runtime_env=runtime_env,
-        log_to_driver=True,
-        logging_level=logging.WARNING,
-    )
+    inherited = runtime_env["env_vars"] if set(runtime_env) == {"env_vars"} else None
+    with _environment(inherited or {}):  # the processes ray.init starts take them with them
+        ray.init(
+            address="local",
+            num_cpus=None if num_cpus is None else int(num_cpus),
+            resources=pinned or None,
+            include_dashboard=False,
+            runtime_env=runtime_env if inherited is None else None,
+            log_to_driver=True,
+            logging_level=logging.WARNING,
+            _system_config={"preload_python_modules": list(PRELOAD_MODULES)} if inherited is not None else None,
+        )
     return True
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    """`env` in os.environ for the block, then as it was."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def ray_runtime_env(cfg: Any) -> dict:
