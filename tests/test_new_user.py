@@ -72,7 +72,7 @@ def test_a_new_users_three_runs_in_one_folder(ray_session, tmp_path, tiny_model_
     startup = [s for s in read_spans(str(own / "timeline.jsonl")) if s["kind"] == "startup"]
     phases = {(s["lane"], s["info"]["phase"]) for s in startup}
     for lane, phase in [("driver", "entry"), ("driver", "checks"), ("driver", "ray_init"), ("driver", "actors"),
-                        ("driver", "first_sync"), ("driver", "val_before_train"), ("rollouter", "worker"),
+                        ("driver", "first_sync"), ("rollouter", "worker"),
                         ("rollouter", "data"), ("rollouter", "wait_engines"), ("replica0", "imports"),
                         ("replica0", "model_load"), ("trainer", "ranks_init"), ("rank0", "dist_init"),
                         ("rank0", "model_load"), ("rank0", "fsdp_wrap"), ("rank0", "optimizer")]:
@@ -80,6 +80,9 @@ def test_a_new_users_three_runs_in_one_folder(ray_session, tmp_path, tiny_model_
     first_token = min(s["start"] for s in read_spans(str(own / "timeline.jsonl")) if s["kind"] == "generate")
     assert min(s["start"] for s in startup) < 0 < first_token  # the entry point's checks come before the run
     assert all(s["start"] <= s["end"] <= first_token + 1e-3 for s in startup), startup
+    # the validation before training ran beside the first training rollouts (val_async): its line came when it ended
+    assert ("driver", "val_before_train") not in {(s["lane"][len("startup/"):], s["info"]["phase"]) for s in startup}
+    assert "validation before training (version 0): val/mean@1/acc=" in trained.stdout
     # console lines come one to a line (the driver prints them above its bar: no bar text glued before them)
     step_lines = [line for line in trained.stdout.splitlines() if " critic/score/mean=" in line]
     assert [line[:7] for line in step_lines] == ["[    1]", "[    2]", "[    3]", "[    4]"], trained.stdout[-3000:]

@@ -34,7 +34,7 @@ from verl_async.placement import NodePlan, PlacementError, check_plans, pin, whe
 from verl_async.rollout.service import RolloutService, rollout_plan
 from verl_async.sync import sync_timeout_s
 from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
-from verl_async.trainer.trainer import Trainer, load_rollout_groups
+from verl_async.trainer.trainer import Trainer, format_validation, load_rollout_groups
 from verl_async.trainer.worker_group import FSDPWorkerGroup, trainer_node_plan
 from verl_async.utils.shared_dirs import SharedDir, mark, unmark, verify_here
 from verl_async.utils.threads import set_torch_threads, wait_policy_env
@@ -428,7 +428,11 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
             _get("the first weight sync", trainer.push_weights.remote(False), timeout)
         timeouts = _get("the timeouts query", trainer.timeouts.remote(), timeout)
         before: dict[str, Any] = {}
-        if rollouter is not None and bool(cfg.trainer.val_before_train):
+        if rollouter is not None and bool(cfg.trainer.val_before_train) and bool(cfg.trainer.get("val_async", True)):
+            # beside the first training rollouts: its line comes with the trainer's console when it ends
+            _get("starting the validation before training", trainer.start_validation_before_training.remote(),
+                 timeout)
+        elif rollouter is not None and bool(cfg.trainer.val_before_train):
             with clock.phase("val_before_train"):
                 before, failure = _get("the validation before training", trainer.validate_before_training.remote(),
                                        timeouts["validation_s"] + 60, key="trainer.val_timeout_s")
@@ -437,7 +441,7 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
                 print(f"warning: the validation before training (version {version}) failed, training goes on: "
                       f"{failure}", flush=True)
             elif before:
-                print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
+                print(f"validation before training (version {version}): {format_validation(before)}", flush=True)
         record_phases(timeline, "driver", clock.phases)
         clock.phases.clear()  # recorded: a failure from here on records nothing twice
         supervisor = TrainerSupervisor(start_trainer, trainer, queue, rollouter,
@@ -454,9 +458,11 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
                      key=f"trainer.finish_timeout_s ({FINISH_TIMEOUT_RULE})")
         _print_console(trainer, timeout)
         if after:
-            print(f"validation after training (version {results['trainer']['version']}): {_fmt(after)}", flush=True)
-        results["trainer"]["validation_failures"] = _get(
-            "the trainer summary", trainer.summary.remote(), timeout)["validation_failures"]  # finish's too
+            print(f"validation after training (version {results['trainer']['version']}): {format_validation(after)}",
+                  flush=True)
+        final = _get("the trainer summary", trainer.summary.remote(), timeout)
+        results["trainer"]["validation_failures"] = final["validation_failures"]  # finish's too
+        before = before or final.get("val_before", {})  # beside training (val_async): it ended after the start
         results["trainer_restarts"] = supervisor.summary()
         return _summarise(run_dir, results, before, after, time.time() - run_start, planned=total_steps,
                           per_step=required_samples(cfg), load_pattern=debug.get("load_rollout_data"),
@@ -493,18 +499,6 @@ def _teardown(actors: list[Any], timeout: float) -> None:
             pass
 
 
-def _fmt(metrics: dict[str, float]) -> str:
-    keys = [k for k in metrics if k.startswith("val/mean@") or k.startswith("val/pass@")]
-    line = ", ".join(f"{k}={metrics[k]:.3f}" for k in sorted(keys))
-    missing = int(metrics.get("val/missing_samples", 0))
-    if missing:
-        why = [f"{int(metrics.get(key, 0))} {what}" for key, what in
-               (("val/failed_requests", "failed requests"), ("val/reward_errors", "failed scores"))
-               if metrics.get(key, 0)]
-        line += f" ({missing} of {int(metrics['val/requested_samples'])} validation samples missing: {', '.join(why)})"
-    return line
-
-
 def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: float, *,
                planned: Optional[int] = None, per_step: int = 1, load_pattern: Optional[str] = None,
                timeline_at: int = 0) -> dict[str, Any]:
@@ -512,7 +506,8 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
     raises PipelineError saying why and what to change (verl_async/outcome.py)."""
     timeline_path = os.path.join(run_dir, "timeline.jsonl")
     summary: dict[str, Any] = {"wall_s": wall, "run_dir": run_dir, "val_before": before, "val_after": after}
-    summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items() if k != "validation"})
+    summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items()
+                    if k not in ("validation", "val_before")})
     rollout = results.get("rollouter", {})
     for key in ("failed_prompts", "retried_prompts", "lost_requests", "dropped_groups_engine_error", "replicas_out",
                 "reward_errors", "filtered_groups", "engine_profile"):
