@@ -44,10 +44,6 @@ from verl_async.utils.timeline import Timeline, busy_fraction, read_spans, rende
 logger = logging.getLogger("verl_async")
 
 LOGGER_ENV = ("TENSORBOARD_DIR", "VERL_FILE_LOGGER_PATH")  # where verl's loggers write (utils/tracking_backends.py)
-# what a local Ray's workers import when they start, before any actor is placed on them (start-up: the prestarted
-# workers have it loaded by the time the actors come). Not transformers: nothing may touch CUDA before Ray has set
-# a GPU actor's CUDA_VISIBLE_DEVICES, and `import torch` does not.
-PRELOAD_MODULES = ("torch",)
 LOCAL_NODE_RESOURCE = 1.0  # what a local Ray carries of each named *.node_resource (as `ray start --resources`)
 
 # actor_rollout_ref.actor.strategy -> worker group (verl's FSDP1 "fsdp" runs as FSDP2). Megatron's module
@@ -125,7 +121,7 @@ def ray_init(cfg: Any) -> bool:
     Start-up: a local Ray whose runtime_env is environment variables only gets them by inheritance (its
     processes start from this one's environment) instead of as a job runtime_env, so that the idle workers
     its raylet starts at once (one per CPU) can serve the run's actors (Ray gives a job with a runtime_env
-    fresh workers only); those workers import torch while the driver goes on (`PRELOAD_MODULES`).
+    fresh workers only); those workers import `ray_init.preload_modules` (torch) while the driver goes on.
     """
     if ray.is_initialized():
         return False
@@ -155,9 +151,17 @@ def ray_init(cfg: Any) -> bool:
             runtime_env=runtime_env if inherited is None else None,
             log_to_driver=True,
             logging_level=logging.WARNING,
-            _system_config={"preload_python_modules": list(PRELOAD_MODULES)} if inherited is not None else None,
+            _system_config=preload_config(cfg) if inherited is not None else None,
         )
     return True
+
+
+def preload_config(cfg: Any) -> Optional[dict]:
+    """Ray's system config that makes every worker of a local Ray import `ray_init.preload_modules` when it starts,
+    before an actor is placed on it (None: none). Not transformers: nothing may touch CUDA before Ray has set a
+    GPU actor's CUDA_VISIBLE_DEVICES, and `import torch` does not."""
+    modules = [str(m) for m in (cfg.ray_init.get("preload_modules") or [])]
+    return {"preload_python_modules": modules} if modules else None
 
 
 @contextlib.contextmanager
