@@ -1,6 +1,6 @@
 """Start-up of a CPU run through the entry point: the command typed to the first generated token.
 
-    python scripts/bench_startup.py [--repeat 3] [--checkout DIR] [-- key=value ...]
+    python scripts/bench_startup.py [--repeat 3] [--checkout DIR] [--phases] [--demo] [-- key=value ...]
 
 Runs `python -m recipe.fully_async_main` (the built-in CPU demo on builtin://tiny-random, shortened: no
 validation, 8 prompts)
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,10 +58,20 @@ def first_generate(path: str) -> Optional[dict]:
     return None
 
 
-def measure(checkout: str, extra: list[str], python: str, timeout: float) -> dict[str, float]:
+def trained(path: str) -> bool:
+    try:
+        with open(path) as f:
+            return any('"kind": "train"' in line for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def measure(checkout: str, extra: list[str], python: str, timeout: float, demo: bool = False) -> dict[str, float]:
+    """One run; `demo`: the CPU demo as configured (no short-run overrides), stopped by Ctrl-C once it trained a step."""
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as work:
         run_dir = os.path.join(work, "run")
-        cmd = [python, "-m", "recipe.fully_async_main", *SHORT_RUN, f"trainer.default_local_dir={run_dir}", *extra]
+        cmd = [python, "-m", "recipe.fully_async_main", *(() if demo else SHORT_RUN), f"trainer.default_local_dir={run_dir}",
+               *extra]
         timeline = os.path.join(run_dir, "timeline.jsonl")
         env = dict(os.environ, PYTHONPATH=checkout)
         t0 = time.time()
@@ -71,11 +82,15 @@ def measure(checkout: str, extra: list[str], python: str, timeout: float) -> dic
 
         reader = threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True)
         reader.start()
+        interrupted = False
         while proc.poll() is None and time.time() - t0 < timeout:
             if run_start is None:
                 span = first_generate(timeline)
                 if span is not None:
                     run_start = time.time() - span["end"]
+            elif demo and not interrupted and trained(timeline):
+                proc.send_signal(signal.SIGINT)  # the entry point's Ctrl-C: one line, Ray shut down
+                interrupted = True
             time.sleep(0.02)
         if proc.poll() is None:
             proc.kill()
@@ -83,7 +98,7 @@ def measure(checkout: str, extra: list[str], python: str, timeout: float) -> dic
             raise RuntimeError(f"the run did not end within {timeout:.0f} s:\n{''.join(log[-30:])}")
         wall = time.time() - t0
         reader.join(timeout=10)
-        if proc.returncode != 0 or run_start is None:
+        if proc.returncode not in ((0, 130) if demo else (0,)) or run_start is None:
             raise RuntimeError(f"run failed (exit {proc.returncode}):\n{''.join(log[-30:])}")
         spans = [json.loads(line) for line in open(timeline) if line.strip()]
         first = min(s["start"] for s in spans if s["kind"] == "generate")
@@ -101,6 +116,8 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--phases", action="store_true", help="also the median of every start-up phase")
+    parser.add_argument("--demo", action="store_true",
+                        help="the CPU demo itself (no short-run overrides), stopped once it trained its first step")
     parser.add_argument("--json", default=None, help="write every run's numbers here")
     parser.add_argument("overrides", nargs="*", help="key=value overrides after the short run's")
     args = parser.parse_args()
@@ -108,7 +125,7 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {t: [] for t in trees}
     for i in range(args.repeat):
         for tree in trees:
-            r = measure(tree, args.overrides, args.python, args.timeout)
+            r = measure(tree, args.overrides, args.python, args.timeout, demo=args.demo)
             results[tree].append(r)
             print(f"{tree} run {i + 1}: " + ", ".join(f"{k}={v:.1f}s" for k, v in r.items() if "/" not in k),
                   flush=True)

@@ -8,6 +8,7 @@ options); if either side dies the other is stopped and the root cause is raised.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -339,11 +340,15 @@ def run(cfg: DictConfig, before: Sequence[Phase] = ()) -> dict[str, Any]:
     os.makedirs(run_dir, exist_ok=True)
     OmegaConf.save(cfg, os.path.join(run_dir, "config.yaml"))
     shared = mark(shared_folders(cfg))  # each actor checks that its node sees them (utils/shared_dirs.py)
+    # the driver's tokenizer (its pad id goes to the trainer) loads while Ray starts (start-up)
+    loading = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
+    tokenizer = loading.submit(run_tokenizer, cfg.actor_rollout_ref.model, model_path)
+    loading.shutdown(wait=False)
     try:
         with clock.phase("ray_init"):
             started_ray = ray_init(cfg)
         try:
-            return _run(cfg, model_path, run_dir, run_start, debug, shared, clock=clock)
+            return _run(cfg, model_path, run_dir, run_start, debug, shared, clock=clock, tokenizer=tokenizer)
         finally:
             if started_ray:
                 ray.shutdown()
@@ -363,13 +368,15 @@ def placement_plans(cfg: Any, train_only: bool) -> list[NodePlan]:
 
 
 def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
-         shared: Sequence[SharedDir] = (), clock: Optional[StartupClock] = None) -> dict[str, Any]:
+         shared: Sequence[SharedDir] = (), clock: Optional[StartupClock] = None,
+         tokenizer: Optional[concurrent.futures.Future] = None) -> dict[str, Any]:
     clock = clock or StartupClock()
     timeline_path = os.path.join(run_dir, "timeline.jsonl")
     timeline = Timeline(timeline_path, run_start)
     timeline_at = os.path.getsize(timeline_path) if os.path.exists(timeline_path) else 0  # this run's spans follow
-    with clock.phase("tokenizer"):
-        tokenizer = run_tokenizer(cfg.actor_rollout_ref.model, model_path)
+    with clock.phase("tokenizer"):  # what is left of its load once Ray is up
+        tokenizer = (tokenizer.result() if tokenizer is not None
+                     else run_tokenizer(cfg.actor_rollout_ref.model, model_path))
     train_only = bool(debug.get("train_only")) or bool(debug.get("load_rollout_data"))
     timeout = float(cfg.trainer.worker_timeout_s)
     capacity = int(cfg.async_training.get("queue_capacity") or max_required_samples(cfg))
