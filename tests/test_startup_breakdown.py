@@ -127,3 +127,24 @@ def test_this_process_started_before_now():
     if started is None:
         pytest.skip("no /proc here")
     assert time.time() - 7 * 24 * 3600 < started <= time.time()
+
+
+def test_the_report_reads_run_folders_and_the_device_archives(tmp_path, capsys):
+    import subprocess
+    import sys
+    import tarfile
+
+    for name, ray_s in (("a", 2.0), ("b", 1.5)):
+        timeline = Timeline(str(tmp_path / "runs" / name / "timeline.jsonl"), 0.0)
+        timeline.record("startup/driver", "startup", 0.0, ray_s, phase="ray_init")
+        timeline.record("startup/driver", "startup", -1.0, 0.0, phase="checks")
+        timeline.record("rollout/replica0", "generate", 4.0, 5.0, tokens=1)
+    with tarfile.open(tmp_path / "runs.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "runs" / "a" / "timeline.jsonl", arcname="a/timeline.jsonl")
+        tar.add(tmp_path / "runs" / "b" / "timeline.jsonl", arcname="b/timeline.jsonl")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "startup_report.py")
+    out = subprocess.run([sys.executable, script, str(tmp_path / "runs.tar.gz"), str(tmp_path / "runs" / "a")],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["| seconds | a | b | a |", "|---|---|---|---|", "| **first_token_s** | 4.00 | 4.00 | 4.00 |",
+                   "| **before_run_s** | 1.00 | 1.00 | 1.00 |", "| **command_s** | 5.00 | 5.00 | 5.00 |",
+                   "| driver/checks | 1.00 | 1.00 | 1.00 |", "| driver/ray_init | 2.00 | 1.50 | 2.00 |"]
