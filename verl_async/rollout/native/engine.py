@@ -376,6 +376,8 @@ class NativeEngine(InferenceEngine):
         out["weight_bytes"] = self._runner.weight_bytes
         out["kv_bytes_per_token"] = self._runner.cache.bytes_per_token
         out["peak_running"] = self._sched.peak_running
+        out["graphs"] = self._runner.graphs_captured  # CUDA decode graphs captured so far, and the seconds it took
+        out["graph_capture_s"] = self._runner.graph_capture_s
         return out
 
     async def warmup(self, max_batch: Optional[int] = None, max_kv_len: Optional[int] = None) -> int:
