@@ -159,7 +159,7 @@ def test_a_run_without_an_address_starts_its_own_ray_even_where_ray_start_left_a
 def test_a_local_ray_hands_the_workers_environment_down_so_its_idle_workers_serve_the_run(monkeypatch, tmp_path):
     """Start-up (issue 37): Ray gives a job with a runtime_env fresh workers only, never the idle ones its raylet
     starts (one per CPU). Environment variables alone reach the workers by inheritance (the processes ray.init
-    starts copy this one's environment), so no runtime_env; those workers import ray_init.preload_modules."""
+    starts copy this one's environment), so no runtime_env; they import ray_init.preload_modules (none by default)."""
     import ray
     import ray._private.services as services
 
@@ -175,13 +175,14 @@ def test_a_local_ray_hands_the_workers_environment_down_so_its_idle_workers_serv
     cfg = config("+ray_init.runtime_env.env_vars.MY_FLAG=on")
     pipeline.ray_init(cfg)
     kw, seen = calls[-1]
-    assert kw["runtime_env"] is None and kw["_system_config"] == {"preload_python_modules": ["torch"]}
+    assert kw["runtime_env"] is None and kw["_system_config"] is None
     for name, value in pipeline.ray_runtime_env(cfg)["env_vars"].items():
         assert seen[name] == value, name  # what a runtime_env would have given every worker
     assert seen["MY_FLAG"] == "on" and dict(os.environ) == before  # this process's own environment as it was
 
-    pipeline.ray_init(config("ray_init.preload_modules=[]"))
-    assert calls[-1][0]["runtime_env"] is None and calls[-1][0]["_system_config"] is None
+    pipeline.ray_init(config("ray_init.preload_modules=[torch]"))
+    assert calls[-1][0]["runtime_env"] is None
+    assert calls[-1][0]["_system_config"] == {"preload_python_modules": ["torch"]}
     # a runtime_env that is more than variables (an interpreter, packages) goes to Ray as before: fresh workers
     cfg = config(f"ray_init.runtime_env.py_executable={sys.executable}")
     pipeline.ray_init(cfg)

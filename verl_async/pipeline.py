@@ -122,7 +122,7 @@ def ray_init(cfg: Any) -> bool:
     Start-up: a local Ray whose runtime_env is environment variables only gets them by inheritance (its
     processes start from this one's environment) instead of as a job runtime_env, so that the idle workers
     its raylet starts at once (one per CPU) can serve the run's actors (Ray gives a job with a runtime_env
-    fresh workers only); those workers import `ray_init.preload_modules` (torch) while the driver goes on.
+    fresh workers only); they import `ray_init.preload_modules` (none by default) before an actor comes.
     """
     if ray.is_initialized():
         return False
