@@ -19,7 +19,7 @@ import sys
 import tarfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from verl_async.utils.startup import MILESTONES, _lane_rank, startup_breakdown  # noqa: E402
+from verl_async.utils.startup import MILESTONES, lane_sort_key, startup_breakdown  # noqa: E402
 
 
 def spans_of(text: str) -> list[dict]:
@@ -56,7 +56,7 @@ def table(named: list[tuple[str, dict[str, float]]], order: dict[str, float]) ->
     keys = {k for _, b in named for k in b}
     milestones = [f"startup/{m}" for m in MILESTONES if f"startup/{m}" in keys]
     phases = sorted((k for k in keys if k.count("/") == 2 and k.split("/")[2] not in MILESTONES),
-                    key=lambda k: (_lane_rank(k.split("/")[1]), order.get(k, float("inf")), k))
+                    key=lambda k: (lane_sort_key(k.split("/")[1]), order.get(k, float("inf")), k))
     lines = ["| seconds | " + " | ".join(name for name, _ in named) + " |", "|---|" + "---|" * len(named)]
     for key in milestones + phases:
         cells = [f"{b[key]:.2f}" if key in b else "" for _, b in named]

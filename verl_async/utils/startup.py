@@ -89,7 +89,8 @@ def record_actor(timeline: Any, lane: str, created_at: float, report: Mapping[st
     record_phases(timeline, lane, actor_phases(created_at, report))
 
 
-def _lane_rank(lane: str) -> tuple[int, int, str]:
+def lane_sort_key(lane: str) -> tuple[int, int, str]:
+    """Processes in the order a run starts them (driver, Rollouter, replicas, Trainer, ranks), numbers numerically."""
     for i, prefix in enumerate(LANE_ORDER):
         if lane.startswith(prefix):
             tail = lane[len(prefix):]
@@ -150,6 +151,6 @@ def format_startup(breakdown: Mapping[str, float]) -> list[str]:
             lanes.setdefault(parts[1], []).append((parts[2], value))
     lines = [head]
     width = max((len(lane) for lane in lanes), default=0)
-    for lane in sorted(lanes, key=_lane_rank):
+    for lane in sorted(lanes, key=lane_sort_key):
         lines.append(f"  {lane:<{width}}  " + ", ".join(f"{name} {value:.1f}" for name, value in lanes[lane]))
     return lines
