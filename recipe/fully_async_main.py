@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from typing import Optional
 
 # before anything loads torch: OpenMP threads sleep instead of spinning while they wait (verl_async/utils/threads.py)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -28,14 +30,17 @@ from verl_async.config.resume import interrupted
 from verl_async.config.summary import describe
 from verl_async.config.usage import usage
 from verl_async.errors import PipelineError
+from verl_async.utils.startup import process_started_at
 from verl_async.versions import UnsupportedTransformersError
 
 DRY_RUN_ENV = "VERL_ASYNC_DRY_RUN"
 TYPED_ARGV: list[str] = []  # the arguments as typed (Hydra gets them rewritten): a Ctrl-C repeats them
+LAUNCHED_AT: list[float] = []  # when the command started (the process; cli() called in-process: that call)
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name=DEFAULT_CONFIG_NAME, version_base=None)
 def main(cfg: DictConfig) -> None:
+    entered = time.time()
     try:
         cfg = validate(cfg)  # one clear error, naming the key
         facts = preflight(cfg)  # device, engine, model, reward function, every prompt, what is resumed
@@ -54,9 +59,12 @@ def main(cfg: DictConfig) -> None:
             print("dry run (trainer.dry_run=true or VERL_ASYNC_DRY_RUN=1): config, device, engine, model, reward "
                   "function, data (every prompt tokenised) and resume checked; nothing was started.")
             return
+        checked = time.time()
         from verl_async.pipeline import run  # here, not above: a config error prints before torch and Ray load
 
-        run(cfg)
+        launched = LAUNCHED_AT[0] if LAUNCHED_AT else entered
+        # the start-up phases before the run starts (utils/startup.py): interpreter and Hydra, checks, imports
+        run(cfg, before=[("entry", launched, entered), ("checks", entered, checked), ("imports", checked, time.time())])
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -76,8 +84,10 @@ def is_dry_run(cfg: DictConfig) -> bool:
     return bool(cfg.trainer.dry_run) or os.environ.get(DRY_RUN_ENV) == "1"
 
 
-def cli() -> None:
-    """Make verl command lines work as written (see verl_async.config.cli), then run Hydra."""
+def cli(launched_at: Optional[float] = None) -> None:
+    """Make verl command lines work as written (see verl_async.config.cli), then run Hydra. `launched_at`: when
+    the command started (the process's start; default: now), the start of the run's start-up breakdown."""
+    LAUNCHED_AT[:] = [launched_at or time.time()]
     TYPED_ARGV[:] = sys.argv[1:]
     if {"--help", "-h"} & set(TYPED_ARGV):
         print(usage(), flush=True)  # Hydra's help and the full config follow
@@ -90,4 +100,4 @@ def cli() -> None:
 
 
 if __name__ == "__main__":
-    cli()
+    cli(process_started_at())

@@ -53,7 +53,10 @@ def run_failing(tmp_path, model_dir, data_files, fail: str, *extra: str) -> tupl
 def test_failed_validation_is_an_error_not_an_accuracy_of_zero(ray_session, tmp_path, tiny_model_dir, data_files):
     """Every replica failing: the validation before training fails (an error, not an accuracy of 0), then the run
     stops with the engine error and exit 1 by itself (one run for both claims)."""
-    proc, wall = run_failing(tmp_path, tiny_model_dir, data_files, "all", "trainer.val_before_train=true")
+    # val_async=false: the validation before training has the engines alone, so its failure is reported before the
+    # engines' failures stop the run (beside training, the run may stop first: tests/test_validation_async.py)
+    proc, wall = run_failing(tmp_path, tiny_model_dir, data_files, "all", "trainer.val_before_train=true",
+                             "trainer.val_async=false")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     # the validation's error is reported and the run goes on, until the engines' failures stop it
     assert ("warning: the validation before training (version 0) failed, training goes on: ValidationError: "
@@ -84,8 +87,9 @@ def test_validation_with_missing_samples_neither_stops_the_run_nor_loses_its_che
                                                                                         tiny_model_dir, data_files):
     # the issue's two reproductions in one run: val n=3 over 2 replicas, replica 1 failing, so that prompts lose
     # 1 or 2 of their 3 samples (ragged) before training; save_freq=3 with test_freq=-1 lost the final checkpoint
+    # val_async=false: the validation before training alone on the engines (6 of its 12 samples on the failing one)
     proc, wall = run_failing(tmp_path, tiny_model_dir, data_files, "[1]", "trainer.val_before_train=true",
-                          "actor_rollout_ref.rollout.val_kwargs.n=3", "trainer.save_freq=3")
+                          "actor_rollout_ref.rollout.val_kwargs.n=3", "trainer.save_freq=3", "trainer.val_async=false")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "validation before training (version 0): val/mean@3/acc=" in proc.stdout
     assert "(6 of 12 validation samples missing: 6 failed requests)" in proc.stdout

@@ -19,6 +19,7 @@ from tests.entry_point import run_main
 from tests.test_entry import _env
 from verl_async.config.cli import REPO_ROOT
 from verl_async.data import builtin, write_rows
+from verl_async.utils.timeline import read_spans
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +65,24 @@ def test_a_new_users_three_runs_in_one_folder(ray_session, tmp_path, tiny_model_
     assert f"no checkpoint this run continues: this run writes to {own} (set trainer.experiment_name" in trained.stdout
     assert f"outputs      {own}  (loggers: console, file, tensorboard)" in trained.stdout
     assert trained.stdout.strip().splitlines()[-1].startswith("done in ") and "4 steps trained, version 2" in trained.stdout
+    # where its start-up went (utils/startup.py): above the last line, one line per process; the same in the timeline
+    lines = trained.stdout.strip().splitlines()
+    assert lines[-7].startswith("start-up: first generated token at ") and " s after the command), " in lines[-7]
+    assert [line.split()[0] for line in lines[-6:-1]] == ["driver", "rollouter", "replica0", "trainer", "rank0"]
+    startup = [s for s in read_spans(str(own / "timeline.jsonl")) if s["kind"] == "startup"]
+    phases = {(s["lane"], s["info"]["phase"]) for s in startup}
+    for lane, phase in [("driver", "entry"), ("driver", "checks"), ("driver", "ray_init"), ("driver", "actors"),
+                        ("driver", "first_sync"), ("rollouter", "worker"),
+                        ("rollouter", "data"), ("rollouter", "wait_engines"), ("replica0", "imports"),
+                        ("replica0", "model_load"), ("trainer", "ranks_init"), ("rank0", "dist_init"),
+                        ("rank0", "model_load"), ("rank0", "fsdp_wrap"), ("rank0", "optimizer")]:
+        assert (f"startup/{lane}", phase) in phases, (lane, phase, sorted(phases))
+    first_token = min(s["start"] for s in read_spans(str(own / "timeline.jsonl")) if s["kind"] == "generate")
+    assert min(s["start"] for s in startup) < 0 < first_token  # the entry point's checks come before the run
+    assert all(s["start"] <= s["end"] <= first_token + 1e-3 for s in startup), startup
+    # the validation before training ran beside the first training rollouts (val_async): its line came when it ended
+    assert ("driver", "val_before_train") not in {(s["lane"][len("startup/"):], s["info"]["phase"]) for s in startup}
+    assert "validation before training (version 0): val/mean@1/acc=" in trained.stdout
     # console lines come one to a line (the driver prints them above its bar: no bar text glued before them)
     step_lines = [line for line in trained.stdout.splitlines() if " critic/score/mean=" in line]
     assert [line[:7] for line in step_lines] == ["[    1]", "[    2]", "[    3]", "[    4]"], trained.stdout[-3000:]

@@ -146,7 +146,7 @@ import verl_async.pipeline as pipeline
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job inherits SIG_IGN)
 
-def run(cfg):
+def run(cfg, **_):  # the start-up phases before it come as a keyword
     print("training", flush=True)
     time.sleep(600)
 

@@ -289,11 +289,14 @@ def test_a_reward_function_that_fails_too_often_stops_the_run_also_in_validation
 @pytest.mark.parametrize("test_freq", [-1, 0])
 def test_test_freq_off_means_no_validation_at_the_end_but_the_checkpoint(trainer, test_freq):
     side = Side()
-    t = trainer(side, "trainer.save_freq=5", f"trainer.test_freq={test_freq}")
+    t = trainer(side, "trainer.save_freq=5", f"trainer.test_freq={test_freq}", "trainer.val_before_train=false")
     t.version, t.step = 2, 4  # step % trigger_parameter_sync_step (2) == 0: the weights are on the engines
     assert t.finish() == {}
     assert side.calls == ["save 2"]
     assert t.timeouts()["finish_s"] == 2 * 1800.0  # no final validation: nothing of its timeout
+    # the validation before training runs beside training (val_async): the end may still wait for it, once
+    with_before = trainer(Side(), f"trainer.test_freq={test_freq}", "trainer.val_before_train=true")
+    assert with_before.timeouts()["finish_s"] == 2 * 1800.0 + 5.0 + VALIDATION_GRACE_S
 
 
 @pytest.mark.parametrize("val_async, validations", [(True, 2), (False, 1)])  # async: one may still run at the end

@@ -316,6 +316,36 @@ def test_val_async_false_keeps_the_validation_inside_the_sync(trainer):
     assert side.calls == ["pause", "transfer 1", "resume 1"] and validated == [1]
 
 
+def test_the_validation_before_training_runs_beside_it_and_says_so_when_it_ends(trainer, capsys):
+    """Start-up (issue 37): with val_async the run trains at once instead of waiting for it; the first sync waits
+    for what is left of it; its console line comes when it ends; the end of the run waits for it (finish's timeout
+    counts it even with test_freq=-1)."""
+    side = FakeRollouter()
+    t, logged = trainer(side, "trainer.test_freq=-1", "trainer.val_before_train=true")
+    assert t.timeouts()["finish_s"] >= t.timeouts()["validation_s"]
+    assert t.start_validation_before_training() is True and side.calls == ["start 0"]
+    made(t, 1)  # a step trained while it ran
+    t.collect_validations()
+    assert logged == [] and "validation before training" not in capsys.readouterr().out
+    t.push_weights()  # the first sync settles it before any weight moves; its metrics land at version 0's step
+    assert side.calls == ["start 0", "pause", "settle", "transfer 1", "resume 1"]
+    assert logged == [(0, {"val/mean@1/acc": 0.25})] and t.summary()["val_before"] == {"val/mean@1/acc": 0.25}
+    assert "validation before training (version 0): val/mean@1/acc=0.250" in capsys.readouterr().out
+
+    side, lines = FakeRollouter(), []
+    t, logged = trainer(side, "trainer.test_freq=-1", "trainer.val_before_train=true")
+    t._say = lines.append  # the TrainerHost's console sink: the driver prints these lines
+    t.start_validation_before_training()
+    side.finish(error="ValidationError: validation at version 0: all 4 generation requests failed")
+    t.collect_validations()
+    assert lines == ["warning: the validation before training (version 0) failed, training goes on: "
+                     "ValidationError: validation at version 0: all 4 generation requests failed"]
+    assert t.summary()["val_before"] == {} and t.val_failures[0]["version"] == 0
+    side.running = None
+    side.start_validation = lambda version: False  # no data.val_files: nothing starts
+    assert t.start_validation_before_training() is False
+
+
 # --------------------------------------------------------------------------- across a trainer restart
 def outcome(version: int, acc: float) -> dict:
     return {"version": version, "metrics": {"val/mean@1/acc": acc}, "error": None, "fatal": False, "seconds": 1.0}
@@ -344,3 +374,8 @@ def test_the_restarted_trainer_logs_what_the_dead_one_left_and_validates_its_ver
     side.finish({"val/mean@1/acc": 0.3})
     t.collect_validations()
     assert logged == [(16, {"val/mean@1/acc": 0.3})]
+    side, logged = FakeRollouter(), None
+    t, logged = trainer(side, "trainer.test_freq=4", "trainer.val_before_train=true")
+    made(t, 3)  # restored at version 3 (not due: test_freq=4), whose validation before training died with the trainer
+    t.resume_validations(3, [])
+    assert side.calls == ["start 3"]

@@ -4,7 +4,11 @@ Importing the package registers the OmegaConf resolvers the YAML config uses, so
 code that composes `config/` (Hydra, tests, scripts) can resolve it.
 """
 
-from verl_async.config.resolvers import register_resolvers
+import time
+
+IMPORTED_AT = time.time()  # a process's first import of the package: where its start-up imports begin (utils/startup.py)
+
+from verl_async.config.resolvers import register_resolvers  # noqa: E402
 
 register_resolvers()
 

@@ -8,11 +8,13 @@ options); if either side dies the other is stopped and the root cause is raised.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
 import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import ray
 from omegaconf import DictConfig, OmegaConf
@@ -33,11 +35,12 @@ from verl_async.placement import NodePlan, PlacementError, check_plans, pin, whe
 from verl_async.rollout.service import RolloutService, rollout_plan
 from verl_async.sync import sync_timeout_s
 from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
-from verl_async.trainer.trainer import Trainer, load_rollout_groups
+from verl_async.trainer.trainer import Trainer, format_validation, load_rollout_groups
 from verl_async.trainer.worker_group import FSDPWorkerGroup, trainer_node_plan
 from verl_async.utils.shared_dirs import SharedDir, mark, unmark, verify_here
 from verl_async.utils.threads import set_torch_threads, wait_policy_env
-from verl_async.utils.timeline import busy_fraction, read_spans, render_timeline_html
+from verl_async.utils.startup import Phase, StartupClock, format_startup, record_actor, record_phases, startup_breakdown
+from verl_async.utils.timeline import Timeline, busy_fraction, read_spans, render_timeline_html
 
 logger = logging.getLogger("verl_async")
 
@@ -63,17 +66,24 @@ class TrainerHost(Trainer):
 
     def __init__(self, cfg: Any, queue: Any, rollouter: Any, *, run_dir: str, run_start: float, pad_token_id: int,
                  shared_dirs: Sequence[SharedDir] = ()) -> None:
+        self.startup = StartupClock()
         verify_here(shared_dirs, "the trainer")
         set_torch_threads(1)  # collates and prepares batches; the ranks compute (utils/threads.py)
         debug = cfg.debug
         load = debug.get("load_rollout_data")
         wg = None if debug.get("rollout_only") else build_worker_group(cfg, shared_dirs)
+        if wg is not None:
+            self.startup.add(wg.startup_phases)
         self._console: collections.deque[str] = collections.deque()  # the console logger's lines, for the driver
-        super().__init__(
-            cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=pad_token_id,
-            worker_group=wg, group_source=load_rollout_groups(str(load)) if load else None,
-            console_sink=self._console.append,
-        )
+        with self.startup.phase("trainer_setup"):  # loggers (TensorBoard), the weight-sync transport
+            super().__init__(
+                cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=pad_token_id,
+                worker_group=wg, group_source=load_rollout_groups(str(load)) if load else None,
+                console_sink=self._console.append,
+            )
+        if wg is not None:
+            for rank, (created, report) in enumerate(wg.rank_reports):
+                record_actor(self.timeline, f"rank{rank}", created, report)
 
     def progress(self) -> dict[str, Any]:
         """The Trainer's progress and the console lines logged since the last call (the driver prints them above
@@ -85,6 +95,10 @@ class TrainerHost(Trainer):
         while self._console:
             lines.append(self._console.popleft())
         return lines
+
+    def startup_report(self) -> dict[str, Any]:
+        """This actor's start-up phases (utils/startup.py); its ranks' lanes are in the timeline already."""
+        return self.startup.report()
 
     def placement(self) -> str:
         """Where the worker group's ranks run ("" without one: rollout-only)."""
@@ -104,6 +118,11 @@ def ray_init(cfg: Any) -> bool:
     code (PYTHONPATH) and its cache folder (VERL_ASYNC_CACHE). A local Ray carries the
     `*.node_resource` the config names, so a config pinned for a cluster also runs on one machine.
     Returns True when this process started Ray (and should shut it down).
+
+    Start-up: a local Ray whose runtime_env is environment variables only gets them by inheritance (its
+    processes start from this one's environment) instead of as a job runtime_env, so that the idle workers
+    its raylet starts at once (one per CPU) can serve the run's actors (Ray gives a job with a runtime_env
+    fresh workers only); they import `ray_init.preload_modules` (none by default) before an actor comes.
     """
     if ray.is_initialized():
         return False
@@ -123,16 +142,42 @@ def ray_init(cfg: Any) -> bool:
     if left:  # ray.init() would join it and then refuse ray_init.num_cpus; another run's Ray is not this run's
         print(f"ray          a local Ray of its own; the cluster `ray start` left on this machine ({left}) is joined "
               f"with ray_init.address=auto", flush=True)
-    ray.init(
-        address="local",
-        num_cpus=None if num_cpus is None else int(num_cpus),
-        resources=pinned or None,
-        include_dashboard=False,
-        runtime_env=runtime_env,
-        log_to_driver=True,
-        logging_level=logging.WARNING,
-    )
+    inherited = runtime_env["env_vars"] if set(runtime_env) == {"env_vars"} else None
+    with _environment(inherited or {}):  # the processes ray.init starts take them with them
+        ray.init(
+            address="local",
+            num_cpus=None if num_cpus is None else int(num_cpus),
+            resources=pinned or None,
+            include_dashboard=False,
+            runtime_env=runtime_env if inherited is None else None,
+            log_to_driver=True,
+            logging_level=logging.WARNING,
+            _system_config=preload_config(cfg) if inherited is not None else None,
+        )
     return True
+
+
+def preload_config(cfg: Any) -> Optional[dict]:
+    """Ray's system config that makes every worker of a local Ray import `ray_init.preload_modules` when it starts,
+    before an actor is placed on it (None: none). Not transformers: nothing may touch CUDA before Ray has set a
+    GPU actor's CUDA_VISIBLE_DEVICES, and `import torch` does not."""
+    modules = [str(m) for m in (cfg.ray_init.get("preload_modules") or [])]
+    return {"preload_python_modules": modules} if modules else None
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    """`env` in os.environ for the block, then as it was."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def ray_runtime_env(cfg: Any) -> dict:
@@ -278,10 +323,14 @@ def _heal(heal: Optional[Callable[[BaseException], Any]], exc: BaseException) ->
             from again
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
+def run(cfg: DictConfig, before: Sequence[Phase] = ()) -> dict[str, Any]:
+    """The run; `before`: the entry point's start-up phases before this call (utils/startup.py)."""
     run_start = time.time()
+    clock = StartupClock()
+    clock.add(before)
     debug = cfg.debug
-    model_path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
+    with clock.phase("model_path"):  # a builtin:// model is built (or found in the cache) here
+        model_path = resolve_model_path(str(cfg.actor_rollout_ref.model.path))
     # every path an actor sees, decided here: absolute, one run folder (config/run_paths.py)
     cfg = absolute_paths(OmegaConf.merge(cfg, {"actor_rollout_ref": {"model": {"path": model_path}}}))
     model_path = str(cfg.actor_rollout_ref.model.path)
@@ -291,10 +340,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     os.makedirs(run_dir, exist_ok=True)
     OmegaConf.save(cfg, os.path.join(run_dir, "config.yaml"))
     shared = mark(shared_folders(cfg))  # each actor checks that its node sees them (utils/shared_dirs.py)
+    # the driver's tokenizer (its pad id goes to the trainer) loads while Ray starts (start-up)
+    loading = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
+    tokenizer = loading.submit(run_tokenizer, cfg.actor_rollout_ref.model, model_path)
+    loading.shutdown(wait=False)
     try:
-        started_ray = ray_init(cfg)
+        with clock.phase("ray_init"):
+            started_ray = ray_init(cfg)
         try:
-            return _run(cfg, model_path, run_dir, run_start, debug, shared)
+            return _run(cfg, model_path, run_dir, run_start, debug, shared, clock=clock, tokenizer=tokenizer)
         finally:
             if started_ray:
                 ray.shutdown()
@@ -314,23 +368,34 @@ def placement_plans(cfg: Any, train_only: bool) -> list[NodePlan]:
 
 
 def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
-         shared: Sequence[SharedDir] = ()) -> dict[str, Any]:
-    tokenizer = run_tokenizer(cfg.actor_rollout_ref.model, model_path)
+         shared: Sequence[SharedDir] = (), clock: Optional[StartupClock] = None,
+         tokenizer: Optional[concurrent.futures.Future] = None) -> dict[str, Any]:
+    clock = clock or StartupClock()
+    timeline_path = os.path.join(run_dir, "timeline.jsonl")
+    timeline = Timeline(timeline_path, run_start)
+    timeline_at = os.path.getsize(timeline_path) if os.path.exists(timeline_path) else 0  # this run's spans follow
+    with clock.phase("tokenizer"):  # what is left of its load once Ray is up
+        tokenizer = (tokenizer.result() if tokenizer is not None
+                     else run_tokenizer(cfg.actor_rollout_ref.model, model_path))
     train_only = bool(debug.get("train_only")) or bool(debug.get("load_rollout_data"))
     timeout = float(cfg.trainer.worker_timeout_s)
     capacity = int(cfg.async_training.get("queue_capacity") or max_required_samples(cfg))
     actors: list[Any] = []
     try:
-        check_plans(placement_plans(cfg, train_only))  # a plan no node can hold: one line now, not a timeout later
+        with clock.phase("placement"):
+            check_plans(placement_plans(cfg, train_only))  # a plan no node can hold: one line now, not a timeout later
     except PlacementError as exc:
         raise PipelineError(str(exc)) from None
+    created: dict[str, float] = {}  # actor -> when the driver asked for it (its lane's `worker` phase starts there)
     try:
         heals = trainer_heals(cfg)  # healing/trainer.py: the queue keeps the groups taken since the last checkpoint
         queue = _actor_cls(MessageQueue, num_cpus=0.05, max_concurrency=1000).remote(
             capacity, int(cfg.actor_rollout_ref.rollout.n), keep_taken=heals)
         actors.append(queue)
         rollouter = None
+        actors_asked = time.time()
         if not train_only:
+            created["rollouter"] = time.time()
             rollouter = _actor_cls(RolloutService, num_cpus=0.2, max_concurrency=1000,
                                    **pin(cfg.rollout.get("node_resource"))).remote(
                 cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start, shared_dirs=shared
@@ -343,6 +408,7 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
                 shared_dirs=dirs,
             )
 
+        created["trainer"] = time.time()
         trainer = start_trainer(shared)
         actors.append(trainer)
         # each actor's start (its replicas or ranks, their nodes' folders) fails here, named, before the resume
@@ -351,11 +417,17 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
             _get("starting the Rollouter and its engine replicas", rollouter.total_prompts.remote(),
                  timeout + replica_start_timeout_s(cfg)))
         _get("starting the trainer and its worker group", trainer.progress.remote(), timeout)
+        clock.phases.append(("actors", actors_asked, time.time()))
         unmark(shared)  # every actor of the run has checked its node: the markers are done
         placed = _placement(trainer, rollouter, timeout)
         if placed:
             print(f"placement: {placed}", flush=True)
-        version = _get("the resume", trainer.restore.remote(), timeout)
+        for name, handle in (("rollouter", rollouter), ("trainer", trainer)):
+            if handle is not None:
+                record_actor(timeline, name, created[name],
+                             _get("the start-up report", handle.startup_report.remote(), timeout))
+        with clock.phase("resume"):
+            version = _get("the resume", trainer.restore.remote(), timeout)
         total_steps = None if prompts is None else max(1, -(-prompts // required_samples(cfg)))
         cap = int(cfg.trainer.get("total_training_steps") or 0)
         if cap:  # the trainer stops there (a run with algorithm.filter_groups needs more prompts than steps)
@@ -363,18 +435,26 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
         resumed = _get("the resume", trainer.resume_point.remote(), timeout)
         print(f"resuming from {resumed['path']}{step_of(resumed['step'], total_steps)}" if resumed["path"]
               else "starting fresh", flush=True)
-        _get("the first weight sync", trainer.push_weights.remote(False), timeout)  # version `version` on every replica
+        with clock.phase("first_sync"):  # version `version` on every replica
+            _get("the first weight sync", trainer.push_weights.remote(False), timeout)
         timeouts = _get("the timeouts query", trainer.timeouts.remote(), timeout)
         before: dict[str, Any] = {}
-        if rollouter is not None and bool(cfg.trainer.val_before_train):
-            before, failure = _get("the validation before training", trainer.validate_before_training.remote(),
-                                   timeouts["validation_s"] + 60, key="trainer.val_timeout_s")
+        if rollouter is not None and bool(cfg.trainer.val_before_train) and bool(cfg.trainer.get("val_async", True)):
+            # beside the first training rollouts: its line comes with the trainer's console when it ends
+            _get("starting the validation before training", trainer.start_validation_before_training.remote(),
+                 timeout)
+        elif rollouter is not None and bool(cfg.trainer.val_before_train):
+            with clock.phase("val_before_train"):
+                before, failure = _get("the validation before training", trainer.validate_before_training.remote(),
+                                       timeouts["validation_s"] + 60, key="trainer.val_timeout_s")
             _print_console(trainer, timeout)
             if failure:
                 print(f"warning: the validation before training (version {version}) failed, training goes on: "
                       f"{failure}", flush=True)
             elif before:
-                print(f"validation before training (version {version}): {_fmt(before)}", flush=True)
+                print(f"validation before training (version {version}): {format_validation(before)}", flush=True)
+        record_phases(timeline, "driver", clock.phases)
+        clock.phases.clear()  # recorded: a failure from here on records nothing twice
         supervisor = TrainerSupervisor(start_trainer, trainer, queue, rollouter,
                                        max_restarts=int(cfg.trainer.max_restarts) if heals else 0, timeout_s=timeout,
                                        sync_timeout_s=sync_timeout_s(cfg), start_step=int(resumed["step"]),
@@ -389,13 +469,17 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
                      key=f"trainer.finish_timeout_s ({FINISH_TIMEOUT_RULE})")
         _print_console(trainer, timeout)
         if after:
-            print(f"validation after training (version {results['trainer']['version']}): {_fmt(after)}", flush=True)
-        results["trainer"]["validation_failures"] = _get(
-            "the trainer summary", trainer.summary.remote(), timeout)["validation_failures"]  # finish's too
+            print(f"validation after training (version {results['trainer']['version']}): {format_validation(after)}",
+                  flush=True)
+        final = _get("the trainer summary", trainer.summary.remote(), timeout)
+        results["trainer"]["validation_failures"] = final["validation_failures"]  # finish's too
+        before = before or final.get("val_before", {})  # beside training (val_async): it ended after the start
         results["trainer_restarts"] = supervisor.summary()
         return _summarise(run_dir, results, before, after, time.time() - run_start, planned=total_steps,
-                          per_step=required_samples(cfg), load_pattern=debug.get("load_rollout_data"))
+                          per_step=required_samples(cfg), load_pattern=debug.get("load_rollout_data"),
+                          timeline_at=timeline_at)
     finally:
+        record_phases(timeline, "driver", clock.phases)  # a start-up that failed: how far it came
         _teardown(actors, timeout=60)
 
 
@@ -426,25 +510,15 @@ def _teardown(actors: list[Any], timeout: float) -> None:
             pass
 
 
-def _fmt(metrics: dict[str, float]) -> str:
-    keys = [k for k in metrics if k.startswith("val/mean@") or k.startswith("val/pass@")]
-    line = ", ".join(f"{k}={metrics[k]:.3f}" for k in sorted(keys))
-    missing = int(metrics.get("val/missing_samples", 0))
-    if missing:
-        why = [f"{int(metrics.get(key, 0))} {what}" for key, what in
-               (("val/failed_requests", "failed requests"), ("val/reward_errors", "failed scores"))
-               if metrics.get(key, 0)]
-        line += f" ({missing} of {int(metrics['val/requested_samples'])} validation samples missing: {', '.join(why)})"
-    return line
-
-
 def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: float, *,
-               planned: Optional[int] = None, per_step: int = 1, load_pattern: Optional[str] = None) -> dict[str, Any]:
+               planned: Optional[int] = None, per_step: int = 1, load_pattern: Optional[str] = None,
+               timeline_at: int = 0) -> dict[str, Any]:
     """Print the run's end (warnings, then one last line) and return its summary; a run that trained nothing
     raises PipelineError saying why and what to change (verl_async/outcome.py)."""
     timeline_path = os.path.join(run_dir, "timeline.jsonl")
     summary: dict[str, Any] = {"wall_s": wall, "run_dir": run_dir, "val_before": before, "val_after": after}
-    summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items() if k != "validation"})
+    summary.update({f"trainer/{k}": v for k, v in results.get("trainer", {}).items()
+                    if k not in ("validation", "val_before")})
     rollout = results.get("rollouter", {})
     for key in ("failed_prompts", "retried_prompts", "lost_requests", "dropped_groups_engine_error", "replicas_out",
                 "reward_errors", "filtered_groups", "engine_profile"):
@@ -456,6 +530,7 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
         summary["timeline"] = html
         summary["rollout_busy_fraction"] = busy_fraction(spans, "rollout/replica", ("generate",), wall)
         summary["trainer_busy_fraction"] = busy_fraction(spans, "trainer/driver", ("train", "logprob"), wall)
+        summary.update(startup_breakdown(read_spans(timeline_path, offset=timeline_at)))  # this run's spans only
     for index, why in rollout.get("replicas_out", {}).items():
         print(f"warning: engine replica {index} was taken out of rotation: {why}", flush=True)
     summary.update(heal_summary(rollout.get("replica_heals", []), results.get("trainer_restarts", [])))
@@ -489,6 +564,8 @@ def _summarise(run_dir: str, results: dict, before: dict, after: dict, wall: flo
         raise PipelineError(f"{failed} (outputs in {run_dir})")
     resumed = f" (resumed at step {start}, now at step {steps})" if start else ""
     short = shortfall(counts)
+    for line in format_startup(summary):  # where the time before the first token went (utils/startup.py)
+        print(line, flush=True)
     print(
         f"done in {wall:.1f}s: {steps - start} steps trained{resumed}, version {summary.get('trainer/version', 0)}, "
         f"outputs in {run_dir} (tensorboard/, timeline.html, rollout/lengths.jsonl)" + (f"; {short}" if short else ""),

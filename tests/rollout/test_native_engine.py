@@ -315,6 +315,7 @@ def test_kv_budget_admission(tiny_model):
 
     results, seen_waiting, prof = run(main())
     assert seen_waiting >= 1 and prof["peak_running"] == 2
+    assert prof["graphs"] == 0 and prof["graph_capture_s"] == 0.0  # CPU: no CUDA decode graphs to capture
     assert [len(r.token_ids) for r in results] == [20 + i for i in range(6)]
 
 

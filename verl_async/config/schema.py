@@ -16,7 +16,7 @@ the allowed values and `rule` in schema_rules.py; this module holds the rest and
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from verl_async.config.schema_rules import (
     ADV_ESTIMATORS,
@@ -283,6 +283,7 @@ class RayInitConfig:
     num_cpus: Optional[int] = rule(ge=1)
     timeline_json_file: Optional[str]
     runtime_env: Dict[str, Any]  # merged onto verl_async's (pipeline.ray_runtime_env), as verl merges it
+    preload_modules: List[str]  # a local Ray's workers import these when they start (pipeline.ray_init; start-up)
 
 
 @schema

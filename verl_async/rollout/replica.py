@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -26,6 +27,7 @@ from verl_async.sync import engine_weight_sync, rollout_weight_sync
 from verl_async.sync.buckets import tensor_checksum
 from verl_async.utils import device as device_layer
 from verl_async.utils.shared_dirs import SharedDir, verify_here
+from verl_async.utils.startup import StartupClock
 from verl_async.utils.threads import set_torch_threads
 from verl_async.utils.waiting import WaitTimeout, finished_in_turn, resolve
 
@@ -78,6 +80,7 @@ class EngineReplica:
 
     def __init__(self, spec: ReplicaSpec, index: int = 0,
                  engine_overrides: Optional[Mapping[str, Any]] = None) -> None:
+        self.startup = StartupClock()  # utils/startup.py: the Rollouter writes this replica's lane
         self.incarnation_id = uuid.uuid4().hex
         self.restarted = _restarted()
         self.fenced = self.restarted
@@ -91,10 +94,12 @@ class EngineReplica:
             if len(mine) < tp:
                 raise ValueError(f"shared devices {','.join(shared)} have no {tp} device(s) for replica {index}")
             os.environ[device_layer.visible_devices_env(device)] = ",".join(mine)
-        device_spec = device_layer.resolve(device)
-        device_spec.set_current()
+        with self.startup.phase("device"):  # the accelerator's context is made here
+            device_spec = device_layer.resolve(device)
+            device_spec.set_current()
         set_torch_threads(spec.cpu_threads if device == "cpu" else None)
         self.index = index
+        built = time.time()
         engine = build_engine_from_config(
             spec.rollout_cfg,
             model_path=spec.model_path,
@@ -103,6 +108,8 @@ class EngineReplica:
             override_config=spec.override_config,
             **dict(engine_overrides or {}),
         )
+        # the engine's own steps (the native engine: model_load, engine_build), else the whole build
+        self.startup.add(getattr(engine, "startup_phases", None) or [("engine", built, time.time())])
         # debug.fail_replicas (rollout/faults.py); else unchanged
         self.engine = with_faults(engine, index, spec.fail_replicas, life=int(self.restarted))
 
@@ -155,8 +162,14 @@ class EngineReplica:
         """Finish engines that start inside the event loop (vLLM's AsyncLLM); returns the weight version."""
         start = getattr(self.engine, "start", None)
         if start is not None:
+            t0 = time.time()
             await start()
+            self.startup.phases.append(("engine_start", t0, time.time()))
         return self.engine.version
+
+    def startup_report(self) -> dict[str, Any]:
+        """This replica's start-up phases (utils/startup.py)."""
+        return self.startup.report()
 
     async def shutdown(self) -> None:
         await self.engine.shutdown()

@@ -51,7 +51,9 @@ from verl_async.rollout.watchdog import progress_timeout_s
 from verl_async.staleness import StalenessBudget
 from verl_async.sync import rollout_weight_sync
 from verl_async.utils.shared_dirs import SharedDir, verify_here
+from verl_async.utils.startup import StartupClock, record_actor
 from verl_async.utils.timeline import Timeline
+from verl_async.utils.waiting import resolve
 
 logger = logging.getLogger("verl_async.rollout")
 
@@ -169,6 +171,7 @@ class RolloutService:
     ) -> None:
         from verl_async.rollout.replica import ReplicaSpec, await_replicas, kill_replicas, launch_replicas
 
+        self.startup = StartupClock()  # utils/startup.py: the driver writes this lane, this actor its replicas'
         verify_here(shared_dirs, "the Rollouter")
         self.reservation: Optional[Reservation] = None
         self.cfg = cfg
@@ -184,6 +187,9 @@ class RolloutService:
         sized = rollout_cfg.max_num_seqs is None and scheduling == "plain" and engines is None
         sized = sized and str(cfg.trainer.device) == "cuda" and str(rollout_cfg.name) == "native"
         launched: list[Any] = []
+        replica_reports: list[dict] = []  # each engine replica's start-up (utils/startup.py)
+        launched_at = time.time()
+        clock = self.startup
         try:
             if engines is None:  # the replicas start their processes and load the model while this one loads the rest
                 spec = ReplicaSpec(
@@ -196,27 +202,34 @@ class RolloutService:
                     cpu_threads=cpu_threads(cfg),
                 )
                 if not spec.shared_devices:  # colocated replicas go where the trainer's devices are
-                    self.reservation = reserve(rollout_plan(cfg), replica_start_timeout_s(cfg))
+                    with clock.phase("reserve"):
+                        self.reservation = reserve(rollout_plan(cfg), replica_start_timeout_s(cfg))
+                launched_at = time.time()
                 launched = launch_replicas(count, spec, engine_overrides=[{"max_num_seqs": None if sized else c}
                                                                           for c in capacities],
                                            placement=self.reservation,
                                            max_restarts=int(cfg.rollout.max_replica_restarts))
-            self.tokenizer = run_tokenizer(model_cfg, model_path)
-            self.agent_loop = ToolAgentLoop.from_config(rollout_cfg, self.tokenizer)  # None: single-turn
+            with clock.phase("tokenizer"):
+                self.tokenizer = run_tokenizer(model_cfg, model_path)
+                self.agent_loop = ToolAgentLoop.from_config(rollout_cfg, self.tokenizer)  # None: single-turn
             tools = self.agent_loop.schemas if self.agent_loop else None
-            self.dataset = dataset_from_config(cfg.data, self.tokenizer, "train", tools=tools)
-            self.val_dataset = (dataset_from_config(cfg.data, self.tokenizer, "val", tools=tools)
-                                if cfg.data.val_files else None)
+            with clock.phase("data"):
+                self.dataset = dataset_from_config(cfg.data, self.tokenizer, "train", tools=tools)
+                self.val_dataset = (dataset_from_config(cfg.data, self.tokenizer, "val", tools=tools)
+                                    if cfg.data.val_files else None)
             epochs = int(cfg.rollout.total_epochs)
             self.iterator = PromptIterator(self.dataset, shuffle=bool(cfg.data.shuffle), seed=int(cfg.data.seed),
                                            total_epochs=epochs)
             self.source = DatasetPromptSource(self.iterator)
-            self.reward = build_reward_manager(
-                cfg.reward_model, cfg.custom_reward_function, self.tokenizer,
-                max_response_length=int(cfg.data.max_response_length), sandbox_fusion=cfg.reward.sandbox_fusion,
-            )
+            with clock.phase("reward"):
+                self.reward = build_reward_manager(
+                    cfg.reward_model, cfg.custom_reward_function, self.tokenizer,
+                    max_response_length=int(cfg.data.max_response_length), sandbox_fusion=cfg.reward.sandbox_fusion,
+                )
             if engines is None:
-                engines = await_replicas(launched, replica_start_timeout_s(cfg))  # kills them all when late
+                with clock.phase("wait_engines"):  # what the replicas still needed once the above was done
+                    engines = await_replicas(launched, replica_start_timeout_s(cfg))  # kills them all when late
+                replica_reports = [resolve(h.startup_report.remote(), replica_start_timeout_s(cfg)) for h in launched]
                 if sized:
                     capacities = [max(1, e.stats().kv_budget_tokens // max(1, rollout_max_model_len(rollout_cfg) or 1))
                                   for e in engines]
@@ -232,11 +245,14 @@ class RolloutService:
         n = int(rollout_cfg.n)
         total = cfg.rollout.total_rollout_steps
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"), run_start)
+        for i, report in enumerate(replica_reports):
+            record_actor(self.timeline, f"replica{i}", launched_at, report)
         self.group_filter = GroupFilter.from_config(cfg.algorithm.get("filter_groups"), required, run_dir)
-        self.teachers = teacher_pool(cfg)  # distillation.enabled: the teachers score each finished response
-        # reward.reward_model.enable: the model scores each group (with the rule reward when use_task_rewards)
-        self.reward_model = reward_model_scorer(cfg, manager=self.reward, rule_scorer=RewardScorer(self.reward),
-                                                policy_tokenizer=self.tokenizer)
+        with clock.phase("side_models"):  # distillation teachers, reward models: replicas of their own
+            self.teachers = teacher_pool(cfg)  # distillation.enabled: the teachers score each finished response
+            # reward.reward_model.enable: the model scores each group (with the rule reward when use_task_rewards)
+            self.reward_model = reward_model_scorer(cfg, manager=self.reward, rule_scorer=RewardScorer(self.reward),
+                                                    policy_tokenizer=self.tokenizer)
         self.scorer = self.reward_model or RewardScorer(self.reward)
         self.rollouter = Rollouter(
             engines=self.engines,
@@ -354,6 +370,10 @@ class RolloutService:
     def placement(self) -> str:
         """Where the engine replicas run ("" when Ray placed them: colocated, or engines given)."""
         return "" if self.reservation is None else where("replicas", self.reservation.member_nodes())
+
+    def startup_report(self) -> dict[str, Any]:
+        """This actor's start-up phases (utils/startup.py); its replicas' lanes are in the timeline already."""
+        return self.startup.report()
 
     def total_prompts(self) -> int:
         """Prompts this run will generate (rollout.total_rollout_steps, else epochs x dataset)."""

@@ -26,6 +26,7 @@ from verl_async.trainer.rank_results import no_reference_model
 from verl_async.trainer.token_budget import free_device_bytes, model_shape
 from verl_async.utils import device as device_layer
 from verl_async.utils.shared_dirs import SharedDir, problem_here
+from verl_async.utils.startup import StartupClock
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -111,6 +112,16 @@ class RankBase:
 
     def master_address(self) -> tuple[str, int]:
         return master_address(self.settings.nnodes)
+
+    @property
+    def startup(self) -> StartupClock:
+        """This rank's start-up phases (utils/startup.py); a subclass makes it first thing in `__init__`."""
+        if getattr(self, "_startup", None) is None:
+            self._startup = StartupClock()
+        return self._startup
+
+    def startup_report(self) -> dict[str, Any]:
+        return self.startup.report()
 
     def node_problem(self, dirs: Sequence[SharedDir]) -> Optional[str]:
         """Whether this rank's node sees the folders the run shares (utils/shared_dirs.py); None: it does."""

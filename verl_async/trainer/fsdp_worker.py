@@ -52,6 +52,7 @@ from verl_async.trainer.settings import TrainerSettings
 from verl_async.trainer.ulysses import (ULYSSES, build_sp_group, gather_sequence, register_ulysses_attention,
                                         sequence_parallel, slice_packed)
 from verl_async.utils import device as device_layer
+from verl_async.utils.startup import StartupClock
 
 if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
     from tensordict import TensorDict
@@ -72,6 +73,7 @@ class FSDPWorker(RankBase):
     """One rank. Call order: `master_address()` (rank 0) -> `init(addr, port)` on all ranks -> work."""
 
     def __init__(self, config: dict, rank: int, world_size: int):
+        self._startup = StartupClock()
         self.config = config
         self.settings = TrainerSettings.from_config(config)
         self.rank, self.world_size = rank, world_size
@@ -89,7 +91,8 @@ class FSDPWorker(RankBase):
     # ------------------------------------------------------------------ setup
     def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
         s = self.settings
-        self._init_distributed(master_addr, master_port)
+        with self.startup.phase("dist_init"):  # the device, the default process group
+            self._init_distributed(master_addr, master_port)
         from torch.distributed.device_mesh import init_device_mesh
 
         # FSDP2 shards over every rank; with Ulysses, groups of sp consecutive ranks split the sequence (as verl)
@@ -105,19 +108,21 @@ class FSDPWorker(RankBase):
             self.attn_implementation = register_ulysses_attention(self.attn_implementation)
         self.model = self._build_model(train=True)
         self.pad_token_id = int(self.model.config.pad_token_id or 0)
-        self.optimizer = torch.optim.AdamW(  # LoRA: the adapters only (the base weights are frozen)
-            [p for p in self.model.parameters() if p.requires_grad], lr=s.optim.lr, betas=s.optim.betas,
-            eps=s.optim.eps, weight_decay=s.optim.weight_decay,
-        )
-        self.lr_scheduler = build_lr_scheduler(
-            self.optimizer, kind=s.optim.lr_scheduler_type, warmup_steps=s.warmup_steps(),
-            total_steps=s.optim.total_training_steps, min_lr_ratio=s.optim.min_lr_ratio,
-            num_cycles=s.optim.num_cycles,
-        )
+        with self.startup.phase("optimizer"):
+            self.optimizer = torch.optim.AdamW(  # LoRA: the adapters only (the base weights are frozen)
+                [p for p in self.model.parameters() if p.requires_grad], lr=s.optim.lr, betas=s.optim.betas,
+                eps=s.optim.eps, weight_decay=s.optim.weight_decay,
+            )
+            self.lr_scheduler = build_lr_scheduler(
+                self.optimizer, kind=s.optim.lr_scheduler_type, warmup_steps=s.warmup_steps(),
+                total_steps=s.optim.total_training_steps, min_lr_ratio=s.optim.min_lr_ratio,
+                num_cycles=s.optim.num_cycles,
+            )
         if s.need_ref and s.lora is None:  # with LoRA the reference is the actor with its adapters off
             self.ref_model = self._build_model(train=False)
         self._lora_scalings = lora_mod.lora_scalings(self.model) if s.lora is not None else {}
-        self._offload_if_asked()
+        with self.startup.phase("offload"):
+            self._offload_if_asked()
         n_params = sum(p.numel() for p in self.model.parameters())
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         accel = device_layer.accelerator_module(s.device)
@@ -147,8 +152,10 @@ class FSDPWorker(RankBase):
         from verl_async.models.loading import load_causal_lm
 
         s = self.settings
-        model = load_causal_lm(s.model_path, dtype=torch.float32, trust_remote_code=s.trust_remote_code,
-                               override_config=s.override_config, attn_implementation=self.attn_implementation)
+        which = "" if train else "ref_"  # the reference model's phases: ref_model_load, ref_fsdp_wrap
+        with self.startup.phase(f"{which}model_load"):
+            model = load_causal_lm(s.model_path, dtype=torch.float32, trust_remote_code=s.trust_remote_code,
+                                   override_config=s.override_config, attn_implementation=self.attn_implementation)
         model.config.use_cache = False
         if s.true_on_policy_span is not None:  # before sharding: FSDP2 hooks the patched modules as they are
             make_invariant(model, s.true_on_policy_span)
@@ -165,10 +172,11 @@ class FSDPWorker(RankBase):
         kwargs = dict(mesh=self.mesh, mp_policy=self._mp_policy(), offload_policy=policy,
                       reshard_after_forward=s.reshard_after_forward if train else True)
         layer_classes = _decoder_layer_classes(model)
-        for module in model.modules():
-            if type(module).__name__ in layer_classes:
-                fully_shard(module, **kwargs)
-        fully_shard(model, **kwargs)
+        with self.startup.phase(f"{which}fsdp_wrap"):  # shards (and moves to the device) every decoder layer
+            for module in model.modules():
+                if type(module).__name__ in layer_classes:
+                    fully_shard(module, **kwargs)
+            fully_shard(model, **kwargs)
         model.train(train)
         return model
 

@@ -112,6 +112,19 @@ def batch_metrics(groups: Sequence[RolloutSample], version: int, max_response_le
     return out
 
 
+def format_validation(metrics: dict[str, float]) -> str:
+    """A validation's console line: its mean@k / pass@k, and the samples it lacks and why."""
+    keys = [k for k in metrics if k.startswith("val/mean@") or k.startswith("val/pass@")]
+    line = ", ".join(f"{k}={metrics[k]:.3f}" for k in sorted(keys))
+    missing = int(metrics.get("val/missing_samples", 0))
+    if missing:
+        why = [f"{int(metrics.get(key, 0))} {what}" for key, what in
+               (("val/failed_requests", "failed requests"), ("val/reward_errors", "failed scores"))
+               if metrics.get(key, 0)]
+        line += f" ({missing} of {int(metrics['val/requested_samples'])} validation samples missing: {', '.join(why)})"
+    return line
+
+
 class Trainer:
     def __init__(
         self,
@@ -172,6 +185,9 @@ class Trainer:
         self._val_timeout_s: Optional[float] = None  # the Rollouter's, asked once
         self.val_async = bool(cfg.trainer.get("val_async", True))
         self._val_running: Optional[int] = None  # the version validating beside training (val_async)
+        self._val_before: Optional[int] = None  # the version of the validation before training that runs beside it
+        self.val_before: dict[str, float] = {}  # its metrics once it ended
+        self._say = console_sink or print  # the driver's console: the validation before training's line
         self._stop = threading.Event()
         self._trained_log = os.path.join(run_dir, "trained_uids.jsonl")
         self.sync = None
@@ -244,7 +260,9 @@ class Trainer:
         """After a restart (healing/trainer.py): log what the dead trainer left (`restart_validations`), and validate
         the restored version again when its validation died with the trainer. Only a validation beside training
         (val_async) can be cancelled by a death, so the one run again is one beside training too."""
-        keep, again = restart_validations(cancelled, finished, self.version, self._validation_due())
+        # a cancelled validation of the restored version was due there, or was the validation before training
+        due = self._validation_due() or bool(self.cfg.trainer.get("val_before_train"))
+        keep, again = restart_validations(cancelled, finished, self.version, due)
         self._log_validations(keep)
         if again:
             self._start_validation()
@@ -341,12 +359,22 @@ class Trainer:
         for outcome in outcomes:
             if outcome["version"] == self._val_running:
                 self._val_running = None
+            before = outcome["version"] == self._val_before  # the validation before training, beside it
+            if before:
+                self._val_before = None
             if outcome["fatal"]:  # the reward function itself is broken (reward_model.max_error_rate): the run stops
                 raise RewardFunctionError(outcome["error"].removeprefix(f"{RewardFunctionError.__name__}: "))
             if outcome["error"] is not None:
                 self._validation_failed(outcome["error"], outcome["version"])
+                if before:
+                    self._say(f"warning: the validation before training (version {outcome['version']}) failed, "
+                                  f"training goes on: {outcome['error']}")
             else:
-                self._log_validation(dict(outcome["metrics"]), outcome["version"])
+                metrics = self._log_validation(dict(outcome["metrics"]), outcome["version"])
+                if before and metrics:
+                    self.val_before = metrics
+                    self._say(f"validation before training (version {outcome['version']}): "
+                                  f"{format_validation(metrics)}")
 
     def validate(self) -> dict[str, float]:
         """`val/*` at this version, logged; {} without validation data or when the validation failed.
@@ -389,10 +417,23 @@ class Trainer:
         return {}
 
     def validate_before_training(self) -> tuple[dict[str, float], Optional[str]]:
-        """verl's `val_before_train`: (metrics, the failure for the driver to print, or None)."""
+        """verl's `val_before_train` while generation waits (trainer.val_async=false): (metrics, the failure for the
+        driver to print, or None)."""
         failed = len(self.val_failures)
         metrics = self.validate()
         return metrics, (self.val_failures[-1]["error"] if len(self.val_failures) > failed else None)
+
+    def start_validation_before_training(self) -> bool:
+        """verl's `val_before_train` beside the first training rollouts (trainer.val_async, the default): the
+        validation of this version starts on the engines and the run starts training at once instead of waiting
+        for it (start-up); the first sync waits for what is left of it (a validation stays on one version). Its
+        line ("validation before training (version V): ...") comes on the console when it ends. False: no
+        validation data, nothing started."""
+        self._start_validation()
+        if self._val_running is None:
+            return False
+        self._val_before = self._val_running
+        return True
 
     def timeouts(self) -> dict[str, float]:
         """How long the driver waits for a validation and for `finish()` (trainer.val_timeout_s and
@@ -401,7 +442,9 @@ class Trainer:
             self._val_timeout_s = 0.0 if self.rollouter is None else float(
                 self._call(self.rollouter.validation_timeout_s.remote(), "the Rollouter's validation timeout"))
         validation = self._val_timeout_s + VALIDATION_GRACE_S
-        at_end = 0.0 if self.test_freq <= 0 else validation * (2 if self.val_async else 1)  # + one still running
+        # + one still running (the validation before training, too, when it runs beside training)
+        before = validation if self.val_async and bool(self.cfg.trainer.get("val_before_train")) else 0.0
+        at_end = before if self.test_freq <= 0 else validation * (2 if self.val_async else 1)
         return {"validation_s": validation, "finish_s": finish_timeout_s(self.cfg, at_end)}
 
     def save_checkpoint(self, finished: bool = False) -> float:
@@ -466,6 +509,8 @@ class Trainer:
                 except ray.exceptions.RayTaskError as exc:
                     if isinstance(exc.cause, TimeoutError) or "TimeoutError" in str(exc):
                         self._check_deadlock(time.monotonic() - t0)
+                        if self._val_before is not None:  # its line when it ends, not after the first step
+                            self.collect_validations()
                         continue
                     raise
             return []
@@ -582,6 +627,7 @@ class Trainer:
             "dropped_stale_groups": self.dropped_stale,
             "validation": self.val_history,
             "validation_failures": self.val_failures,
+            "val_before": self.val_before,  # the validation before training that ran beside it (val_async)
         }
 
     def _drop_too_stale(self, groups: list[RolloutSample]) -> list[RolloutSample]:

@@ -57,6 +57,7 @@ a new one (e.g. from the last checkpoint).
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import torch
@@ -86,6 +87,7 @@ from verl_async.trainer.settings import TrainerSettings
 from verl_async.trainer.token_budget import device_budget, unset_budgets
 from verl_async.utils import device as device_layer
 from verl_async.utils.shared_dirs import SharedDir, SharedDirError
+from verl_async.utils.startup import Phase, StartupClock
 from verl_async.utils.waiting import WaitTimeout, finished_in_turn
 
 if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
@@ -139,6 +141,8 @@ class RayWorkerGroup:
         self._placement: Optional[Reservation] = None
         self._broken: Optional[str] = None
         self.info: list[dict] = []
+        self.startup_phases: list[Phase] = []  # init's steps, absolute times (utils/startup.py)
+        self.rank_reports: list[tuple[float, dict]] = []  # (asked for at, the rank's start-up report)
 
     # ------------------------------------------------------------------ lifecycle
     def init(self) -> list[dict]:
@@ -148,12 +152,15 @@ class RayWorkerGroup:
         kind = s.device
         cpus = _CPU_PER_RANK[kind]
         # one bundle per node (verl_async/placement.py): rank r runs on node r // n_gpus_per_node
+        clock = StartupClock()
         try:
-            plan = trainer_node_plan(kind, s.nnodes, s.n_gpus_per_node, s.node_resource)
-            self._placement = reserve(plan, s.worker_timeout_s)
+            with clock.phase("reserve"):
+                plan = trainer_node_plan(kind, s.nnodes, s.n_gpus_per_node, s.node_resource)
+                self._placement = reserve(plan, s.worker_timeout_s)
         except PlacementError as exc:
             raise WorkerGroupError(f"{self.name}: {exc}") from None
         actor_cls = ray.remote(self.worker_cls)
+        asked = time.time()
         for rank in range(self.world_size):
             options: dict[str, Any] = dict(
                 num_cpus=cpus,
@@ -164,13 +171,18 @@ class RayWorkerGroup:
             elif kind == "npu":
                 options["resources"] = {"NPU": 1}
             self.workers.append(actor_cls.options(**options).remote(self.config, rank, self.world_size))
-        missing = [p for p in self._call("node_problem", self.shared_dirs) if p]  # before any rank reads or writes
+        with clock.phase("ranks_start"):  # their processes and imports: the first call waits for them
+            missing = [p for p in self._call("node_problem", self.shared_dirs) if p]  # before any rank reads or writes
         if missing:
             raise SharedDirError(missing[0])
-        addr, port = self._call_one(0, "master_address")
-        self.info = self._call("init", addr, port)
+        with clock.phase("ranks_init"):  # process group, model, optimizer (each rank's lane has the details)
+            addr, port = self._call_one(0, "master_address")
+            self.info = self._call("init", addr, port)
         self._set_dp_ranks(self.info)
-        self._size_token_budgets()
+        with clock.phase("token_budget"):
+            self._size_token_budgets()
+        self.rank_reports = [(asked, report) for report in self._call("startup_report")]
+        self.startup_phases = clock.phases
         return self.info
 
     def placement(self) -> list[str]:

@@ -15,6 +15,8 @@ import os
 import time
 from typing import Any, Iterable, Iterator, Optional
 
+from verl_async.utils.startup import startup_breakdown
+
 KIND_COLORS = {
     "generate": "#4c9be8",
     "train": "#e8964c",
@@ -27,6 +29,7 @@ KIND_COLORS = {
     "hold_budget": "#f2c9c9",  # the Rollouter may start no group: staleness budget spent until the next sync
     "hold_sync": "#e7a3a3",  # ... a weight sync is under way
     "hold_inflight": "#f0e0b0",  # ... rollout.max_inflight_groups reached
+    "startup": "#8fb3a8",  # a start-up phase (utils/startup.py: info.phase names it; before the run: negative times)
 }
 
 
@@ -63,9 +66,11 @@ class Timeline:
             self.record(lane, kind, start, self.now(), version, **info)
 
 
-def read_spans(path: str) -> list[dict]:
+def read_spans(path: str, offset: int = 0) -> list[dict]:
+    """The spans of `path`; `offset`: from that byte on (the file's size when a run started: that run's spans)."""
     spans = []
-    with open(path) as f:
+    with open(path, "rb") as f:
+        f.seek(offset)
         for line in f:
             line = line.strip()
             if line:
@@ -91,10 +96,11 @@ def busy_fraction(spans: list[dict], lane_prefix: str, kinds: tuple[str, ...], w
 
 def render_timeline_html(spans: list[dict], out_path: str, title: str = "verl_async timeline") -> str:
     """Write a self-contained HTML timeline (one row per lane); returns the path."""
-    lanes = sorted({s["lane"] for s in spans}, key=lambda x: (not x.startswith("rollout"), x))
+    lanes = sorted({s["lane"] for s in spans}, key=lambda x: (x.startswith("startup"), not x.startswith("rollout"), x))
+    t0 = min(0.0, min((s["start"] for s in spans), default=0.0))  # the entry point's start-up phases come before 0
     t_end = max((s["end"] for s in spans), default=1.0) or 1.0
     width, row_h, left = 1400, 26, 170
-    scale = (width - left - 10) / t_end
+    scale = (width - left - 10) / max(t_end - t0, 1e-9)
     height = row_h * (len(lanes) + 2) + 30
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" font-size="11">'
@@ -106,22 +112,23 @@ def render_timeline_html(spans: list[dict], out_path: str, title: str = "verl_as
     index = {lane: i for i, lane in enumerate(lanes)}
     for s in spans:
         y = 10 + index[s["lane"]] * row_h
-        x = left + s["start"] * scale
+        x = left + (s["start"] - t0) * scale
         w = max(0.5, (s["end"] - s["start"]) * scale)
         color = KIND_COLORS.get(s["kind"], "#888")
-        tip = html.escape(f'{s["kind"]} v{s.get("version", -1)} {s["start"]:.2f}-{s["end"]:.2f}s {s.get("info", {})}')
+        kind = s.get("info", {}).get("phase", s["kind"]) if s["kind"] == "startup" else s["kind"]
+        tip = html.escape(f'{kind} v{s.get("version", -1)} {s["start"]:.2f}-{s["end"]:.2f}s {s.get("info", {})}')
         parts.append(
             f'<rect x="{x:.2f}" y="{y + 2}" width="{w:.2f}" height="{row_h - 6}" fill="{color}"><title>{tip}</title></rect>'
         )
     y_axis = 10 + len(lanes) * row_h + 14
     for k in range(11):
-        t = t_end * k / 10
-        x = left + t * scale
+        t = t0 + (t_end - t0) * k / 10
+        x = left + (t - t0) * scale
         parts.append(f'<text x="{x:.1f}" y="{y_axis}" text-anchor="middle">{t:.1f}s</text>')
     legend_y = y_axis + 18
     for j, (kind, color) in enumerate(KIND_COLORS.items()):
-        parts.append(f'<rect x="{left + j * 110}" y="{legend_y - 10}" width="12" height="12" fill="{color}"/>')
-        parts.append(f'<text x="{left + j * 110 + 16}" y="{legend_y}">{kind}</text>')
+        parts.append(f'<rect x="{left + j * 100}" y="{legend_y - 10}" width="12" height="12" fill="{color}"/>')
+        parts.append(f'<text x="{left + j * 100 + 16}" y="{legend_y}">{kind}</text>')
     parts.append("</svg>")
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
@@ -183,4 +190,5 @@ def timeline_metrics(run_dir: str) -> dict[str, float]:
         "admission_hold_sync_s": holds["sync"],
         "admission_hold_inflight_s": holds["inflight"],
         "startup_s": lo,  # run start (the driver's clock) to the first generated token
+        **startup_breakdown(spans),  # where it went: startup/<who>/<phase> (utils/startup.py)
     }

@@ -142,10 +142,12 @@ class NativeEngine(InferenceEngine):
             problem = environment_problem(self._spec.kind)
             if problem is not None:
                 raise RuntimeError(problem)
+        loading = time.time()
         if model is None:
             if model_path is None:
                 raise ValueError("native engine: give model_path (HF id or folder) or a loaded model")
             model = self._load(model_path, parse_dtype(dtype), trust_remote_code, override_config, attn_implementation)
+        loaded = time.time()
         model.eval().requires_grad_(False)
         self._model = model
         config = model.config
@@ -201,6 +203,8 @@ class NativeEngine(InferenceEngine):
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="native-engine", daemon=True)
         self._thread.start()
+        # start-up (utils/startup.py): the weights onto the device, then the KV cache and the model runner
+        self.startup_phases = [("model_load", loading, loaded), ("engine_build", loaded, time.time())]
 
     # ------------------------------------------------------------------ construction helpers
     def _load(self, path, dtype, trust_remote_code, override_config, attn_implementation):
@@ -372,6 +376,8 @@ class NativeEngine(InferenceEngine):
         out["weight_bytes"] = self._runner.weight_bytes
         out["kv_bytes_per_token"] = self._runner.cache.bytes_per_token
         out["peak_running"] = self._sched.peak_running
+        out["graphs"] = self._runner.graphs_captured  # CUDA decode graphs captured so far, and the seconds it took
+        out["graph_capture_s"] = self._runner.graph_capture_s
         return out
 
     async def warmup(self, max_batch: Optional[int] = None, max_kv_len: Optional[int] = None) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import inspect
 import logging
+import time
 from typing import Callable, Optional
 
 import torch
@@ -145,6 +146,7 @@ class ModelRunner:
         # on CPU (no graph breaks); whether it pays on GPU is for the benchmark to say.
         self._compiled = torch.compile(self._forward_decode, dynamic=True) if compile_decode else None
         self._graphs: dict[tuple[int, int], Callable[[], None]] = {}
+        self.graph_capture_s = 0.0  # host seconds spent capturing decode graphs (lazily, in the first decode steps)
         self._pool = None
         # Decode inputs live on the device, one entry per slot, and are updated in place by
         # `set_rows` (after a prefill), `advance` (after a decode step: the sampled tokens are
@@ -311,8 +313,10 @@ class ModelRunner:
 
     def _capture(self, batch: int, kv_len: int) -> Optional[Callable[[], None]]:
         """Make the replayable step of one bucket; on failure log and switch to eager for good."""
+        t0 = time.perf_counter()
         try:
             replay = self._new_graph(batch, kv_len)
+            self.graph_capture_s += time.perf_counter() - t0
         except Exception:  # noqa: BLE001 - any capture problem means: run eager
             logger.exception("native engine: CUDA graph capture failed (batch %d, kv %d); decoding eagerly", batch, kv_len)
             self.static_decode = False
@@ -340,6 +344,10 @@ class ModelRunner:
         with torch.cuda.graph(graph, pool=self._pool):
             self._graph_body(batch, kv_len)
         return graph.replay
+
+    @property
+    def graphs_captured(self) -> int:
+        return len(self._graphs)
 
     def warmup(self, max_batch: Optional[int] = None, max_kv_len: Optional[int] = None) -> int:
         """Capture every decode graph up to (max_batch, max_kv_len) now (best while no sequence runs).

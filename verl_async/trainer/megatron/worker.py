@@ -48,6 +48,7 @@ from verl_async.trainer.megatron.convert import check_parallel, model_spec
 from verl_async.trainer.megatron.settings import MegatronSettings
 from verl_async.trainer.settings import TrainerSettings
 from verl_async.utils import device as device_layer
+from verl_async.utils.startup import StartupClock
 
 if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
     from tensordict import TensorDict
@@ -59,6 +60,7 @@ class MegatronWorker(RankBase):
     """One rank. Call order: `master_address()` (rank 0) -> `init(addr, port)` on all ranks -> work."""
 
     def __init__(self, config: dict, rank: int, world_size: int):
+        self._startup = StartupClock()  # utils/startup.py
         self.config = config
         self.settings = TrainerSettings.from_config(config)
         self.ms = MegatronSettings.from_config(config, self.settings)
@@ -79,8 +81,9 @@ class MegatronWorker(RankBase):
     # ------------------------------------------------------------------ setup
     def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
         device_shim.prepare(self.settings.device)  # before megatron-core is imported
-        self._init_distributed(master_addr, master_port)
-        with self._mode():
+        with self.startup.phase("dist_init"):
+            self._init_distributed(master_addr, master_port)
+        with self._mode(), self.startup.phase("megatron_init"):  # parallel state, model, optimizer
             return self._init_megatron()
 
     def _init_megatron(self) -> dict[str, Any]:
