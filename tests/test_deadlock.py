@@ -32,6 +32,7 @@ def waiting_trainer(queue, rollouter) -> Trainer:
     t.call_timeout_s = 60.0  # trainer.worker_timeout_s
     t.step, t.sync = 0, None  # no weights to push to a restarted replica (serve_replica_heals)
     t.oldest_first, t.off_policy_wait, t._wait_this_step = False, None, 0.0  # verl V1's sampler: off
+    t._val_before = None  # no validation before training beside the wait
     return t
 
 
