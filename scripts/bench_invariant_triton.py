@@ -31,7 +31,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 # Qwen2.5-0.5B: hidden 896, 14 query heads and 2 KV heads of 64, intermediate 4864, vocab 151936.
 QWEN05 = {"q_proj": (896, 896, True), "k_proj": (128, 896, True), "v_proj": (128, 896, True),
@@ -52,11 +52,12 @@ def _args(argv=None):
     return p.parse_args(argv)
 
 
-def _time(fn: Callable[[], object], reps: int, device) -> float:
-    """Seconds per call: min over 3 runs of `reps` calls (after 3 warm-up calls)."""
+def seconds_per_call(fn: Callable[[], object], reps: int, device, warmups: int = 3) -> float:
+    """Seconds per call: min over 3 runs of `reps` calls (after `warmups` warm-up calls). Also used by
+    scripts/bench_invariant_triton_softmax.py."""
     import torch
 
-    for _ in range(3):
+    for _ in range(warmups):
         fn()
     best = float("inf")
     for _ in range(3):
@@ -71,7 +72,8 @@ def _time(fn: Callable[[], object], reps: int, device) -> float:
     return best
 
 
-def _setup(smoke: bool):
+def torch_and_device(smoke: bool):
+    """torch and the CUDA device; on a machine without one, the CPU for a --smoke check, else exit."""
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -92,7 +94,7 @@ def _inputs(torch, device, shapes, rows, dtype, seed=0):
 
 def baseline(args) -> dict:
     """Mode-off timings: F.linear and HF's RMSNorm (this process has torch's default cuBLAS settings)."""
-    torch, device = _setup(args.smoke)
+    torch, device = torch_and_device(args.smoke)
     import torch.nn.functional as F
 
     shapes = TINY if args.smoke else QWEN05
@@ -102,7 +104,7 @@ def baseline(args) -> dict:
     for name, (w, b) in ws.items():
         for m in rows:
             x = xs[w.shape[1]][:m]
-            out[f"{name}/{m}"] = _time(lambda: F.linear(x, w, b), args.reps, device)
+            out[f"{name}/{m}"] = seconds_per_call(lambda: F.linear(x, w, b), args.reps, device)
     hidden = min(xs)
     nw = torch.ones(hidden, device=device, dtype=torch.bfloat16)
     for m in rows:
@@ -112,7 +114,7 @@ def baseline(args) -> dict:
             h = x.float()
             return nw * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
 
-        out[f"rms_norm/{m}"] = _time(norm, args.reps, device)
+        out[f"rms_norm/{m}"] = seconds_per_call(norm, args.reps, device)
     return out
 
 
@@ -172,8 +174,8 @@ def check_configs(torch, device, shapes, rows) -> list[dict]:
             if device.type == "cuda":
                 for m in (1, 16, 64):
                     xm = x[:m]
-                    row[f"s_per_call/{m}"] = _time(lambda: triton_ops.linear_forward(xm, w, b, cfg), 20, device)
-                    row[f"default_s_per_call/{m}"] = _time(lambda: triton_ops.linear_forward(xm, w, b), 20, device)
+                    row[f"s_per_call/{m}"] = seconds_per_call(lambda: triton_ops.linear_forward(xm, w, b, cfg), 20, device)
+                    row[f"default_s_per_call/{m}"] = seconds_per_call(lambda: triton_ops.linear_forward(xm, w, b), 20, device)
             out.append(row)
     return out
 
@@ -188,14 +190,14 @@ def bench(torch, device, shapes, rows, reps) -> dict:
     for name, (w, b) in ws.items():
         for m in rows:
             x = xs[w.shape[1]][:m]
-            out["ops"][f"{name}/{m}"] = _time(lambda: ops.linear(x, w, b, CUDA.linear_rows), reps, device)
-            out["triton"][f"{name}/{m}"] = _time(lambda: triton_ops.linear_forward(x, w, b), reps, device)
+            out["ops"][f"{name}/{m}"] = seconds_per_call(lambda: ops.linear(x, w, b, CUDA.linear_rows), reps, device)
+            out["triton"][f"{name}/{m}"] = seconds_per_call(lambda: triton_ops.linear_forward(x, w, b), reps, device)
     hidden = min(xs)
     nw = torch.ones(hidden, device=device, dtype=torch.bfloat16)
     for m in rows:
         x = xs[hidden][:m]
-        out["ops"][f"rms_norm/{m}"] = _time(lambda: ops.rms_norm(x, nw, 1e-6, CUDA.reduce_rows), reps, device)
-        out["triton"][f"rms_norm/{m}"] = _time(lambda: triton_ops.rms_norm_forward(x, nw, 1e-6), reps, device)
+        out["ops"][f"rms_norm/{m}"] = seconds_per_call(lambda: ops.rms_norm(x, nw, 1e-6, CUDA.reduce_rows), reps, device)
+        out["triton"][f"rms_norm/{m}"] = seconds_per_call(lambda: triton_ops.rms_norm_forward(x, nw, 1e-6), reps, device)
     return out
 
 
@@ -230,7 +232,7 @@ def main(argv=None) -> int:
     from verl_async.invariant.shapes import PROCESS_ENV
 
     os.environ.update(PROCESS_ENV)
-    torch, device = _setup(args.smoke)
+    torch, device = torch_and_device(args.smoke)
     shapes = TINY if args.smoke else QWEN05
     rows = [int(r) for r in args.rows.split(",")]
     report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)",
@@ -274,13 +276,18 @@ def main(argv=None) -> int:
                   f"{r.get('triton_tok_s', 0):>14,.0f}{r.get('triton_vs_torch', 0):>10.2f}"
                   f"{r.get('triton_vs_ops', 0):>9.2f}")
 
-    out = args.out or (os.path.join(os.environ["OUT"], "invariant_triton.json") if os.environ.get("OUT") else None)
+    write_report(report, args.out, "invariant_triton.json")
+    return 1 if bad else 0
+
+
+def write_report(report: dict, out: Optional[str], name: str) -> None:
+    """The report as JSON at `out`, else at $OUT/`name` on a device machine, else nowhere."""
+    out = out or (os.path.join(os.environ["OUT"], name) if os.environ.get("OUT") else None)
     if out:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         with open(out, "w") as f:
             json.dump(report, f, indent=1)
         print(f"wrote {out}")
-    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -34,11 +34,12 @@ script itself.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from typing import Callable
+
+from bench_invariant_triton import seconds_per_call, torch_and_device, write_report  # scripts/, beside this file
 
 QWEN05 = {"heads": 14, "kv_heads": 2, "head_dim": 64, "vocab": 151936}
 TINY = {"heads": 4, "kv_heads": 2, "head_dim": 16, "vocab": 300}
@@ -63,20 +64,8 @@ def _args(argv=None):
 
 
 def _time(torch, fn: Callable[[], object], reps: int) -> float:
-    """Seconds per call: min over 3 runs of `reps` calls (after 2 warm-up calls)."""
-    for _ in range(2):
-        fn()
-    best = float("inf")
-    for _ in range(3):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best
+    """Seconds per call (bench_invariant_triton.seconds_per_call), after 2 warm-up calls: the chunked path is slow."""
+    return seconds_per_call(fn, reps, torch.device("cuda" if torch.cuda.is_available() else "cpu"), warmups=2)
 
 
 def _case(results: list, op: str, case: str, dtype, got, want, **info) -> None:
@@ -334,11 +323,7 @@ def main(argv=None) -> int:
     from verl_async.invariant.shapes import PROCESS_ENV
 
     os.environ.update(PROCESS_ENV)  # read when cuBLAS starts: the chunked path's GEMMs run as a mode worker's do
-    import torch
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cpu" and not args.smoke:
-        sys.exit("no CUDA GPU: run with --smoke (and TRITON_INTERPRET=1) to check the script on CPU")
+    torch, device = torch_and_device(args.smoke)
     try:
         import triton
     except ImportError as e:
@@ -380,13 +365,7 @@ def main(argv=None) -> int:
                   f"{r['chunked_tok_s']:>14,.0f}{r['triton_tok_s']:>14,.0f}{r.get('triton_vs_torch', 0):>10.2f}"
                   f"{r.get('triton_vs_mode_off', 0):>9.2f}{r['triton_vs_chunked']:>10.2f}")
 
-    out = args.out or (os.path.join(os.environ["OUT"], "invariant_triton_softmax.json") if os.environ.get("OUT")
-                       else None)
-    if out:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"wrote {out}")
+    write_report(report, args.out, "invariant_triton_softmax.json")
     return 1 if bad else 0
 
 
