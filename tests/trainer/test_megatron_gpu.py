@@ -58,10 +58,7 @@ def _group(model_dir: str, name: str):
 
     config_name, world, extra = LAYOUTS[name]
     cfg = compose_config(model_dir, f"trainer.n_gpus_per_node={world}", *COMMON, *extra, config_name=config_name)
-    module, _, cls = WORKER_GROUPS[cfg.actor_rollout_ref.actor.strategy].partition(":")
-    import importlib
-
-    group = getattr(importlib.import_module(module), cls)(cfg, name=f"gpu_{name}")
+    group = WORKER_GROUPS[cfg.actor_rollout_ref.actor.strategy](cfg, name=f"gpu_{name}")
     group.init()
     return group
 
