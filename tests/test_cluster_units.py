@@ -119,6 +119,27 @@ def test_a_plan_no_cluster_node_can_hold_is_one_line_naming_the_key(plan, nodes,
     assert plan.problem(nodes + [node(64, 8, trainer=1)] * 2) is None
 
 
+def test_a_split_layout_on_too_few_devices_is_one_line_not_a_wait(monkeypatch):
+    """Each plan fits a one-GPU node alone; together (a split layout: 1 trainer GPU + 1 rollout GPU) they cannot.
+    Seen on a GPU machine: the second reservation waited for its timeout with nothing said."""
+    from verl_async.placement import plans_problem
+
+    trainer = NodePlan("trainer", 1, 1, {"CPU": 1, "GPU": 1})
+    rollout = NodePlan("rollout", 1, 1, {"CPU": 1, "GPU": 1})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    found = plans_problem([trainer, rollout], [node(16, 1)])
+    assert isinstance(found, PlacementError) and "\n" not in str(found), found
+    assert str(found).startswith("trainer.nnodes x trainer.n_gpus_per_node + rollout.nnodes x rollout.n_gpus_per_node: ")
+    assert "need {GPU: 2} together, but the cluster has {GPU: 1} (CUDA_VISIBLE_DEVICES=0)" in str(found)
+    assert "rollout.colocate=true" in str(found)
+    assert plans_problem([trainer, rollout], [node(16, 2)]) is None
+    assert plans_problem([trainer, rollout], [node(16, 1), node(16, 1)]) is None  # one GPU on each of two nodes
+    assert plans_problem([trainer], [node(16, 1)]) is None
+    cpu_only = [NodePlan("trainer", 1, 2, {"CPU": 0.2}), NodePlan("rollout", 1, 2, {"CPU": 1})]
+    assert plans_problem(cpu_only, [node(2.4, 0)]) is None
+    assert "need {CPU: 2.4} together, but the cluster has {CPU: 2}" in str(plans_problem(cpu_only, [node(2, 0)]))
+
+
 def test_a_replicas_devices_must_fit_one_node():
     assert config("rollout.nnodes=2", "rollout.n_gpus_per_node=2").rollout.nnodes == 2
     with pytest.raises(ConfigError, match=rf"^{A}\.rollout\.tensor_model_parallel_size: 4 does not divide the "

@@ -139,12 +139,47 @@ def _indices(ix: list[int]) -> str:
 
 
 def check_plans(plans: Sequence[NodePlan]) -> None:
-    """Raise the first plan's PlacementError against this cluster (each plan alone: a start-up check)."""
+    """Raise the first plan's PlacementError against this cluster, then the plans' together (a start-up check)."""
     nodes = alive_nodes()
     for plan in plans:
         found = plan.problem(nodes)
         if found is not None:
             raise found
+    found = plans_problem(plans, nodes)
+    if found is not None:
+        raise found
+
+
+def plans_problem(plans: Sequence[NodePlan], nodes: Sequence[Mapping[str, float]]) -> Optional[PlacementError]:
+    """Why the plans can never be held at once although each fits alone, or None.
+
+    Their bundles' sums per resource against the cluster's: a necessary condition, so it never refuses a layout
+    that fits. It catches a split layout on too few devices (the trainer's and the rollout's GPUs on a one-GPU
+    machine), which would otherwise wait out the second reservation's timeout with nothing said."""
+    if len(plans) < 2:
+        return None
+    need: dict[str, float] = {}
+    for plan in plans:
+        for bundle in plan.bundles():
+            for name, amount in bundle.items():
+                need[name] = need.get(name, 0.0) + amount
+    have = {name: sum(n.get(name, 0.0) for n in nodes) for name in need}
+    short = {name: amount for name, amount in need.items() if amount > have[name] + _EPS}
+    if not short:
+        return None
+    parts = " and ".join(f"the {p.group}'s {p.describe()}" for p in plans)
+    keys = " + ".join(f"{p.group}.nnodes x {p.group}.n_gpus_per_node" for p in plans)
+    return PlacementError(
+        keys,
+        f"{parts} need {_fmt(short)} together, but the cluster has {_fmt({k: have[k] for k in short})}"
+        f"{_visible_devices_note()}; set rollout.colocate=true to share the trainer's devices, or use fewer")
+
+
+def _visible_devices_note() -> str:
+    import os
+
+    shown = [f"{k}={os.environ[k]}" for k in ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES") if k in os.environ]
+    return f" ({', '.join(shown)})" if shown else ""
 
 
 class Reservation:
