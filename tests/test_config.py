@@ -441,11 +441,10 @@ def test_auto_sync_transport_picks_cuda_ipc_only_where_it_applies():
     # separate GPUs: the collective broadcast (0.09 s per 0.5B sync on 2 H200s; the object store took 3.5 s)
     assert check(["trainer.device=cuda"]).async_training.sync_transport == "nccl"
     assert check(["trainer.device=npu"]).async_training.sync_transport == "object_store"  # hccl: an explicit choice
-    # the Megatron trainer has no collective sender (a split run on 2 H200s failed at its first sync with nccl)
+    # the Megatron trainer's collective sender has run on CPU only: nccl is its user's explicit choice for now
     assert check(["trainer.device=cuda"], MEGATRON).async_training.sync_transport == "object_store"
-    with pytest.raises(ConfigError, match=r"^async_training\.sync_transport: a collective weight sync \(nccl / hccl\) "
-                                          r"is not supported with actor_rollout_ref\.actor\.strategy=megatron"):
-        check(["trainer.device=cuda", "async_training.sync_transport=nccl"], MEGATRON)
+    assert check(["trainer.device=cuda", "async_training.sync_transport=nccl"], MEGATRON
+                 ).async_training.sync_transport == "nccl"
     # an explicit choice is kept as given
     assert check(one_gpu + ["async_training.sync_transport=object_store"]).async_training.sync_transport == "object_store"
     assert check(["trainer.device=cuda", "async_training.sync_transport=object_store"]

@@ -27,7 +27,8 @@ rc=0
 
 # 1. Equivalence (the first GPU item). One GPU: FSDP2 vs Megatron TP=1 + every offload flag only.
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
-if [ "$GPUS" -ge 2 ]; then MARK=multigpu; LAYOUT="trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1"
+# Two GPUs: the split run's weights go by NCCL, which `auto` does not pick for Megatron until this run has passed
+if [ "$GPUS" -ge 2 ]; then MARK=multigpu; LAYOUT="trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 async_training.sync_transport=nccl"
 else MARK="gpu and not multigpu"
      LAYOUT="trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1 rollout.colocate=true async_training.sync_transport=object_store"
 fi

@@ -421,8 +421,6 @@ def sync_transport(cfg: DictConfig) -> None:
             f"{transport} needs trainer.device={needs}, got {device}; use object_store (works on every device)",
         )
     problem = derived.cuda_ipc_problem(cfg) if transport == "cuda_ipc" else None
-    if transport in ("nccl", "hccl"):
-        problem = derived.collective_problem(cfg)
     if problem is not None:
         raise ConfigError("async_training.sync_transport", problem)
 

@@ -145,10 +145,33 @@ def gather_layout(dp: int, tp: int, pp: int, world_size: int) -> Layout:
     return Layout(tuple(tuple(c) for c in coords))
 
 
+def _sent_params(model: torch.nn.Module, spec: ModelSpec) -> list[tuple[str, torch.nn.Parameter]]:
+    """This stage's (global name, parameter) in the order `iter_hf_weights` sends them (a tied model's output layer
+    is not sent)."""
+    names = global_names(model)
+    return [(names[n], p) for n, p in model.named_parameters()
+            if not (spec.tie_word_embeddings and names[n] == "output_layer.weight")]
+
+
+def hf_param_shapes(model: torch.nn.Module, spec: ModelSpec, layout: Layout) -> list[tuple[str, tuple[int, ...]]]:
+    """(HF name, full shape) in `iter_hf_weights`' order, from metadata alone: every stage's names are gathered
+    once (collective over the world: every rank calls it, at start-up), so rank 0 can plan a collective weight
+    sync's buckets before any weight is gathered."""
+    listings: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(listings, [g for g, _ in _sent_params(model, spec)])
+    out: list[tuple[str, tuple[int, ...]]] = []
+    for stage in range(1 + max(c[2] for c in layout.coords)):
+        for glob in listings[layout.rank_of(0, 0, stage)]:
+            pm = param_map_for(spec, glob)
+            out.extend(zip(pm.hf, (tuple(shape) for shape in expected_hf_shapes(spec, pm))))
+    return out
+
+
 @torch.no_grad()
 def iter_hf_weights(model: torch.nn.Module, spec: ModelSpec, layout: Layout, *, rank: int, dtype: torch.dtype,
-                    comm_device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full CPU tensor) on global rank 0; collective over replica 0 (see the module docstring).
+                    comm_device: torch.device, to_cpu: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, full tensor) on global rank 0, on the host unless `to_cpu=False` (a collective weight sync sends
+    device tensors); collective over replica 0 (see the module docstring).
 
     Tied models: the last stage's copy of the embedding (`output_layer.weight`) is not sent.
     """
@@ -161,9 +184,7 @@ def iter_hf_weights(model: torch.nn.Module, spec: ModelSpec, layout: Layout, *, 
     pp_size = mpu.get_pipeline_model_parallel_world_size()
     tp_group = mpu.get_tensor_model_parallel_group()
     mp_group = mpu.get_model_parallel_group()
-    names = global_names(model)
-    mine = [(names[n], p) for n, p in model.named_parameters()
-            if not (spec.tie_word_embeddings and names[n] == "output_layer.weight")]
+    mine = _sent_params(model, spec)
     for stage in range(pp_size):
         src = layout.rank_of(0, 0, stage)
         if pp_size > 1:  # the other stages' ranks learn what this stage will send
@@ -192,5 +213,5 @@ def iter_hf_weights(model: torch.nn.Module, spec: ModelSpec, layout: Layout, *, 
                     dist.recv(t, src=src)
             if rank == 0:
                 for name, t in zip(pm.hf, hf):
-                    # always a copy: on CPU a replicated tensor would otherwise alias the live (offloadable) parameter
-                    yield name, t.detach().to("cpu", copy=True)
+                    # always a copy: a replicated tensor would otherwise alias the live (offloadable) parameter
+                    yield name, t.detach().to("cpu" if to_cpu else t.device, copy=True)

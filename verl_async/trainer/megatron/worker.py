@@ -130,6 +130,7 @@ class MegatronWorker(RankBase):
         if s.need_ref:
             self.ref_model = self._build(train=False)
         self.layout = mmodel.gather_layout(self.dp_rank, self.tp_rank, self.pp_rank, self.world_size)
+        self._hf_shapes = mmodel.hf_param_shapes(self._module(self.model), self.spec, self.layout)
         self._offload_if_asked()
         n_params = sum(p.numel() for p in self._module(self.model).parameters())
         return {"rank": self.rank, "dp_rank": self.dp_rank, "tp_rank": self.tp_rank, "pp_rank": self.pp_rank,
@@ -392,17 +393,25 @@ class MegatronWorker(RankBase):
         return stats.metrics(s, lr=lr, total_skipped=self.skipped_steps, global_step=self.global_step)
 
     # ------------------------------------------------------------------ weight sync / export
-    def iter_full_params(self, dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full CPU tensor) on rank 0; every rank must iterate (gathers over TP, sends over PP)."""
+    def iter_full_params(self, dtype: Optional[torch.dtype] = None, *,
+                         to_cpu: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) on rank 0, on the host unless `to_cpu=False`; every rank must iterate (gathers
+        over TP, sends over PP)."""
         from verl_async.trainer.megatron.model import iter_hf_weights
 
         with self._mode():
             self._load_if_offloaded(model=True)
             try:
                 yield from iter_hf_weights(self._module(self.model), self.spec, self.layout, rank=self.rank,
-                                           dtype=dtype or self.sync_dtype(), comm_device=self.device.torch_device)
+                                           dtype=dtype or self.sync_dtype(), comm_device=self.device.torch_device,
+                                           to_cpu=to_cpu)
             finally:
                 self._offload_if_asked()
+
+    def full_param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(HF name, full shape) in `iter_full_params` order, gathered at start-up: a collective sync plans its
+        buckets from them on rank 0 without a gather."""
+        return list(self._hf_shapes)
 
     # ------------------------------------------------------------------ checkpoints
     def _optimizer_state(self) -> list[dict]:
