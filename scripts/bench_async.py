@@ -166,13 +166,14 @@ def overrides_for(name: str, args: argparse.Namespace, model: str, data: str, ru
     return out + list(args.extra)
 
 
-def compose(overrides: list[str], engine: str, device: str, max_num_seqs: int = 256):
+def compose(overrides: list[str], engine: str, device: str, max_num_seqs: int = 256,
+            config_name: str = "fully_async_ppo_trainer"):
     from omegaconf import OmegaConf, open_dict
 
     from verl_async.config import validate
     from verl_async.config.cli import compose as hydra_compose
 
-    cfg = hydra_compose(overrides=overrides)
+    cfg = hydra_compose(config_name, overrides=overrides)
     if engine == "vllm":
         # no torch.compile (start-up in seconds); full CUDA graphs for decode steps at a few batch sizes
         sizes = [1 << k for k in range(0, 12) if (1 << k) <= max(1, max_num_seqs)]
@@ -253,7 +254,8 @@ def run_one(name: str, args: argparse.Namespace, model: str, data: str) -> dict[
     from verl_async.utils.timeline import timeline_metrics
 
     run_dir = os.path.join(args.work_dir, name)
-    cfg = compose(overrides_for(name, args, model, data, run_dir), args.engine, args.device, args.max_num_seqs)
+    cfg = compose(overrides_for(name, args, model, data, run_dir), args.engine, args.device, args.max_num_seqs,
+                  args.config_name)
     t0 = time.perf_counter()
     with GpuMemorySampler() if args.device == "cuda" else contextlib.nullcontext() as mem:
         summary = run(cfg)
@@ -332,6 +334,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "native replicas on CUDA (issue 37: 2 ranks + 2 replicas of the 3B shape took 25.0 s per "
                         "sync through object_store)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="0.5b", help="Qwen2.5 shape of the random model")
+    p.add_argument("--config-name", default="fully_async_ppo_trainer",
+                   help="the recipe config every run composes (fully_async_ppo_megatron_trainer: the Megatron trainer)")
     p.add_argument("--extra", action="append", default=[], help="one more key=value override for every run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="run folders (default: <out dir>/bench_async_runs)")
