@@ -209,3 +209,56 @@ def logprob_kernel(x_ptr, label_ptr, lse_ptr, logp_ptr, ent_ptr, N, V, stride_x,
         tl.store(logp_ptr + row, xl - lse)
     if WITH_ENT:
         tl.store(ent_ptr + row, lse - tl.math.div_rn(tree_sum(t, BLOCK, LOG_BLOCK), total))
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """float32 x rounded once to DTYPE, to nearest even (as torch's casts). bfloat16 by its bits: Triton's
+    interpreter truncates a float32 -> bfloat16 cast, a GPU rounds it; this gives both the GPU's (NaN kept)."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return tl.where(x == x, bits.to(tl.float32, bitcast=True), x).to(tl.bfloat16)
+    return x.to(DTYPE)
+
+
+@triton.jit
+def _rotate_store(src, dst, j, ok, c1, c2, s1, s2, HALF: tl.constexpr, DTYPE: tl.constexpr):
+    """HF's `x * cos + rotate_half(x) * sin` for one head: each product and the sum rounded to DTYPE
+    (16-bit inputs: the float32 products are exact, so each is rounded once, as torch's ops do)."""
+    x1 = tl.load(src + j, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + j, mask=ok, other=0.0).to(tl.float32)
+    lo = round_to(x1 * c1, DTYPE).to(tl.float32) + round_to((-x2) * s1, DTYPE).to(tl.float32)
+    hi = round_to(x2 * c2, DTYPE).to(tl.float32) + round_to(x1 * s2, DTYPE).to(tl.float32)
+    tl.store(dst + j, round_to(lo, DTYPE), mask=ok)
+    tl.store(dst + HALF + j, round_to(hi, DTYPE), mask=ok)
+
+
+@triton.jit
+def rope_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr, H,
+                      sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sc_b, ss_b, so_b, so_h,
+                      skc_s, skc_g, skc_l, svc_s, svc_g, svc_l,
+                      HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per (row b, head): query heads 0..H-1 rotated into qo; KV head g = head - H rotated into the
+    key cache at (slot b, g, position pos[b]), its value copied into the value cache there."""
+    b = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    j = tl.arange(0, BLOCK)
+    ok = j < HALF
+    c1 = tl.load(cos_ptr + b * sc_b + j, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + b * sc_b + HALF + j, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + b * ss_b + j, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + b * ss_b + HALF + j, mask=ok, other=0.0).to(tl.float32)
+    dtype = qo_ptr.dtype.element_ty
+    if head < H:
+        _rotate_store(q_ptr + b * sq_b + head * sq_h, qo_ptr + b * so_b + head * so_h, j, ok, c1, c2, s1, s2,
+                      HALF, dtype)
+    else:
+        g = (head - H).to(tl.int64)
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        _rotate_store(k_ptr + b * sk_b + g * sk_h, kc_ptr + b * skc_s + g * skc_g + pos * skc_l, j, ok,
+                      c1, c2, s1, s2, HALF, dtype)
+        v_src = v_ptr + b * sv_b + g * sv_h
+        v_dst = vc_ptr + b * svc_s + g * svc_g + pos * svc_l
+        tl.store(v_dst + j, tl.load(v_src + j, mask=ok), mask=ok)
+        tl.store(v_dst + HALF + j, tl.load(v_src + HALF + j, mask=ok), mask=ok)
