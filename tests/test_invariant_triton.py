@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -76,6 +77,31 @@ def test_linear_matches_torch(dtype):
     tol = {torch.float32: dict(atol=1e-4, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=8e-3)}[dtype]
     torch.testing.assert_close(got.double(), exact, **tol)
     torch.testing.assert_close(got, F.linear(x, w, b), **tol)
+
+
+@kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_calls_take_their_own_tile_and_the_same_bits(dtype, monkeypatch):
+    """A call of <= DECODE_ROWS rows (a decode step) gets the decode tile, a longer one the default; a row's bits
+    are the same either way (on a GPU: real tensor-core tiles of other shapes; K is walked in the same steps)."""
+    base = triton_ops.matmul_config(576, 576, dtype)
+    small = triton_ops.matmul_config(576, 576, dtype, rows=triton_ops.DECODE_ROWS)
+    assert triton_ops.matmul_config(576, 576, dtype, rows=triton_ops.DECODE_ROWS + 1) == base
+    assert (small.block_m, small.block_n, small.num_warps, small.num_stages) == (16, 64, 4, 4)
+    assert small.block_k == base.block_k and small != base
+    x = _rand(200, 600, dtype=dtype, seed=21)  # K: 9 full 64-steps and a partial one; N: 3 decode column tiles
+    w, b = _rand(150, 600, dtype=dtype, seed=22), _rand(150, dtype=dtype, seed=23)
+    full = triton_ops.linear_forward(x, w, b)  # the default tile
+    for m in (1, 5, 16, 64):
+        assert torch.equal(triton_ops.linear_forward(x[:m], w, b), full[:m]), m
+        assert torch.equal(triton_ops.linear_forward(x[100 : 100 + m], w, b), full[100 : 100 + m]), m
+    monkeypatch.setenv(triton_ops.DECODE_TILE_ENV, "off")
+    assert triton_ops.matmul_config(576, 576, dtype, rows=1) == base
+    monkeypatch.setenv(triton_ops.DECODE_TILE_ENV, "32,128,8,3")
+    assert triton_ops.matmul_config(576, 576, dtype, rows=1) == replace(base, block_m=32, num_warps=8)
+    monkeypatch.setenv(triton_ops.DECODE_TILE_ENV, "16,48,4,4")
+    with pytest.raises(ValueError, match="VERL_ASYNC_INVARIANT_DECODE_TILE='16,48,4,4': blocks must be powers"):
+        triton_ops.matmul_config(576, 576, dtype, rows=1)
 
 
 @kernels

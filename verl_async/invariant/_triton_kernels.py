@@ -2,16 +2,18 @@
 
 Why a row's bits cannot depend on its batch:
 - matmul: one program per [BLOCK_M, BLOCK_N] output tile, K walked in BLOCK_K steps from 0 upwards into one
-  float32 accumulator (no split-K, no stream-K, no atomics). The block sizes, warps and stages are launch
-  constants chosen from the weight's shape and dtype, never from M, so every row meets the same compiled kernel
-  and the same sequence of `tl.dot`s, whatever rows share its tile and wherever it sits in it. Rows past M are
-  loaded as zeros; they change no other row. M is not specialized (`do_not_specialize`): a call with M == 1
-  compiles the same kernel as M == 4096.
+  float32 accumulator (no split-K, no stream-K, no atomics). BLOCK_K is chosen from the weight's dtype alone, so
+  every output is the same sequence of `tl.dot`s over the same K slices, whatever rows share its tile and wherever
+  it sits in it. Rows past M are loaded as zeros; they change no other row. M is not specialized
+  (`do_not_specialize`). The tile's M and N sizes, warps and stages are a decode call's own (`matmul_config`: a
+  few rows spread over more programs): on a GPU `tl.dot` chains each output's products in K order whatever the
+  tile (measured: BLOCK_M 128/64/32/16 give equal bits; `triton_ops.DECODE_TILE_ENV=off` keeps one tile).
 - RMSNorm: one program per row; the row's squares are added into a BLOCK-wide float32 vector chunk by chunk in
   order and the vector reduced once by `tree_sum` (a pairwise tree over logical indices, fixed by BLOCK, a
   function of the hidden size only; `tl.sum`'s order would follow the register layout, which the compiler picks
   from the input's dtype and alignment).
 - attention and the sampled-token log-prob: see `triton_softmax` and the kernels' docstrings.
+- rotary (`rope_cache_kernel`, `invariant.rope`): elementwise, each element rounded where HF's formula rounds it.
 """
 
 from __future__ import annotations

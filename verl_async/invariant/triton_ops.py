@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -40,11 +40,43 @@ class MatmulConfig:
     num_stages: int = 3
 
 
-def matmul_config(out_features: int, in_features: int, dtype: torch.dtype) -> MatmulConfig:
+def matmul_config(out_features: int, in_features: int, dtype: torch.dtype, rows: Optional[int] = None) -> MatmulConfig:
     """The config for a weight [out_features, in_features] of `dtype` (16-bit: tensor-core tiles; float32: the
-    IEEE dot, a shorter K step to bound shared memory)."""
+    IEEE dot, a shorter K step to bound shared memory), and for a call of `rows` rows: up to DECODE_ROWS (a decode
+    step) smaller tiles (`decode_tile`), so that a few rows spread the weight over many programs. The K step, the
+    one float32 accumulator and the order of K never change with `rows`: an output's sum is the same sequence of
+    `tl.dot`s whatever the tile (measured on an H200: BLOCK_M 128/64/32/16 give equal bits;
+    scripts/bench_invariant_triton.py --decode-sweep checks each decode tile against the default and times it)."""
     del out_features, in_features  # one config per dtype today; a per-shape table may come after GPU tuning
-    return MatmulConfig(block_k=32) if dtype == torch.float32 else MatmulConfig()
+    base = MatmulConfig(block_k=32) if dtype == torch.float32 else MatmulConfig()
+    tile = decode_tile() if rows is not None and rows <= DECODE_ROWS else None
+    if tile is None:
+        return base
+    return replace(base, block_m=tile[0], block_n=tile[1], num_warps=tile[2], num_stages=tile[3])
+
+
+DECODE_ROWS = 64
+DECODE_TILE_ENV = "VERL_ASYNC_INVARIANT_DECODE_TILE"
+DECODE_TILE = "16,64,4,4"  # BLOCK_M, BLOCK_N, num_warps, num_stages of a call of <= DECODE_ROWS rows
+
+
+def decode_tile() -> Optional[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of decode-sized calls: VERL_ASYNC_INVARIANT_DECODE_TILE
+    (default DECODE_TILE; "off": the default tile for every row count). Engine and trainer read one environment."""
+    return _parse_tile(os.environ.get(DECODE_TILE_ENV, DECODE_TILE))
+
+
+@functools.cache
+def _parse_tile(spec: str) -> Optional[tuple[int, int, int, int]]:
+    if spec.strip().lower() in ("", "0", "off", "none"):
+        return None
+    try:
+        bm, bn, warps, stages = (int(v) for v in spec.split(","))
+    except ValueError:
+        raise ValueError(f"{DECODE_TILE_ENV}={spec!r}: want BLOCK_M,BLOCK_N,num_warps,num_stages or off") from None
+    if min(bm, bn) < 16 or bm & (bm - 1) or bn & (bn - 1) or warps not in (1, 2, 4, 8) or stages < 1:
+        raise ValueError(f"{DECODE_TILE_ENV}={spec!r}: blocks must be powers of two >= 16, warps 1/2/4/8, stages >= 1")
+    return bm, bn, warps, stages
 
 
 USE_ENV = "VERL_ASYNC_INVARIANT_TRITON"
@@ -113,9 +145,9 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         raise TypeError(f"triton linear: input {x.dtype}, weight {weight.dtype}, bias "
                         f"{None if bias is None else bias.dtype}: one dtype expected")
     n_out, k = weight.shape
-    cfg = config or matmul_config(n_out, k, weight.dtype)
     x2d = x.reshape(-1, k)
     m = x2d.shape[0]
+    cfg = config or matmul_config(n_out, k, weight.dtype, m)
     result = torch.empty((*x.shape[:-1], n_out), dtype=x.dtype, device=x.device)  # not a view: FSDP2 hooks outputs
     out = result.view(m, n_out)
     if m > 0 and n_out > 0:
