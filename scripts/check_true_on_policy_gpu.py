@@ -66,9 +66,9 @@ def base_env() -> dict:
 
 
 def equality(args, out_dir: str) -> dict:
-    from verl_async.invariant import PROCESS_ENV
+    from verl_async.invariant.shapes import worker_env
 
-    env = {**base_env(), **PROCESS_ENV}
+    env = {**base_env(), **worker_env("cuda")}  # with triton: none (no compared value comes from cuBLAS)
     junit = os.path.join(out_dir, "true_on_policy_gpu_tests.xml")
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", f"--junitxml={junit}",
            *GPU_TESTS]

@@ -182,7 +182,16 @@ def test_token_log_probs_of_a_row_do_not_depend_on_the_others(device, dtype):
 
 
 def test_environment_problem_names_the_variable(monkeypatch):
+    """CPU: exact sums, no BLAS setting. CUDA's chunked path (no triton) needs cuBLAS's workspace settings, passed to
+    the workers; the Triton kernels need none (no compared value comes from cuBLAS), so none are passed."""
+    from verl_async.invariant import triton_ops
+    from verl_async.invariant.shapes import PROCESS_ENV, worker_env
+
     monkeypatch.delenv("MKL_CBWR", raising=False)
-    assert environment_problem("cpu") is None  # exact sums: no BLAS setting needed
+    assert environment_problem("cpu") is None
     monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
-    assert "CUBLASLT_WORKSPACE_SIZE=1" in environment_problem("cuda")
+    monkeypatch.setattr(triton_ops, "use_triton", lambda device: False)
+    assert "CUBLASLT_WORKSPACE_SIZE=1" in environment_problem("cuda") and "install triton" in environment_problem("cuda")
+    assert worker_env("cuda") == PROCESS_ENV
+    monkeypatch.setattr(triton_ops, "use_triton", lambda device: device.type == "cuda")
+    assert environment_problem("cuda") is None and worker_env("cuda") == {}
