@@ -162,8 +162,13 @@ def test_attention_gradient_is_sdpa_s():
     q, k, v = (torch.randn(S, G, n, L, D, requires_grad=True) if n else torch.randn(S, G, L, D, requires_grad=True)
                for n in (R, 0, 0))
     pos = torch.arange(L).expand(S, L)
-    _same_gradients(canonical_attention(q, k, v, pos, scale=0.3), _reference(q, k, v, pos, 0.3, None), (q, k, v),
-                    torch.randn(S, G, R, L, D))
+    grad = torch.randn(S, G, R, L, D)
+    _same_gradients(canonical_attention(q, k, v, pos, scale=0.3), _reference(q, k, v, pos, 0.3, None), (q, k, v), grad)
+    # the trainer's layout (queries at 0..L-1 over keys 0..L-1): the backward through SDPA's causal kernel, the same
+    # gradient as the masked one, and the same forward bits
+    causal = canonical_attention(q, k, v, pos, scale=0.3, causal=True)
+    assert torch.equal(causal, canonical_attention(q, k, v, pos, scale=0.3))
+    _same_gradients(causal, _reference(q, k, v, pos, 0.3, None), (q, k, v), grad)
 
 
 @pytest.mark.parametrize("device, dtype", CASES)

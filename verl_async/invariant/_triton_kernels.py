@@ -104,12 +104,13 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, M, L, R, G, n_tiles, s
                      sq_s, sq_g, sq_r, sq_m, sk_s, sk_g, sk_l, sv_s, sv_g, sv_l, sp_s, sp_m,
                      so_s, so_g, so_r, so_m,
                      D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                     HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, WALK_ALL: tl.constexpr):
     """One program per (sequence, KV head, tile of BLOCK_M query rows); rows are (position m, head r) pairs, row
     m * R + r, so decode's R heads of one position share a tile. Keys go by in BLOCK_N blocks from 0 upwards with
     an online softmax in float32. A block in which a row sees no key leaves that row's state untouched (a select,
     not arithmetic that happens to give the same value), so a tile may stop at its last visible block and start at
-    its first: each row's result is the sequence of its own visible blocks, whatever rows share the tile."""
+    its first: each row's result is the sequence of its own visible blocks, whatever rows share the tile.
+    WALK_ALL (tests only): every tile walks all L keys, to show that stopping early changes no bit."""
     pid = tl.program_id(0)
     tile = pid % n_tiles
     sg = pid // n_tiles
@@ -126,7 +127,9 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, M, L, R, G, n_tiles, s
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     # The keys any row of the tile sees: [lo, hi) (rows past M*R sit at -1 and see none).
     hi = tl.minimum(tl.max(pos, axis=0) + 1, L).to(tl.int32)
-    if HAS_WINDOW:
+    if WALK_ALL:
+        hi = L + hi * 0
+    if HAS_WINDOW and not WALK_ALL:
         lo = tl.maximum(tl.min(tl.where(row_ok, pos, hi), axis=0) - window + 1, 0).to(tl.int32)
     else:
         lo = hi * 0

@@ -22,6 +22,8 @@ interpreter (tests).
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -44,12 +46,31 @@ class AttentionConfig:
     num_stages: int = 2
 
 
+ATTN_TILE_ENV = "VERL_ASYNC_INVARIANT_ATTN_TILE"  # BLOCK_M,BLOCK_N,num_warps,num_stages for every head dim
+
+
 def attention_config(head_dim: int) -> AttentionConfig:
     """The config for heads of `head_dim`: past 64, 8 warps, and past 128 a shorter key block (compiled for sm_90
-    with Triton 3.6, 4 warps spill registers at D = 80 and 128; these do not)."""
+    with Triton 3.6, 4 warps spill registers at D = 80 and 128; these do not). VERL_ASYNC_INVARIANT_ATTN_TILE
+    overrides it (experiments: scripts/bench_invariant_triton_softmax.py --attn-sweep times the candidates); it
+    changes the bits of engine and trainer alike, so both must run with the same value."""
+    spec = os.environ.get(ATTN_TILE_ENV)
+    if spec:
+        return _parse_attention_tile(spec)
     if head_dim > 128:
         return AttentionConfig(block_n=32, num_warps=8)
     return AttentionConfig(num_warps=8) if head_dim > 64 else AttentionConfig()
+
+
+@functools.cache
+def _parse_attention_tile(spec: str) -> AttentionConfig:
+    try:
+        bm, bn, warps, stages = (int(v) for v in spec.split(","))
+    except ValueError:
+        raise ValueError(f"{ATTN_TILE_ENV}={spec!r}: want BLOCK_M,BLOCK_N,num_warps,num_stages") from None
+    if min(bm, bn) < 16 or bm & (bm - 1) or bn & (bn - 1) or warps not in (1, 2, 4, 8) or stages < 1:
+        raise ValueError(f"{ATTN_TILE_ENV}={spec!r}: blocks must be powers of two >= 16, warps 1/2/4/8, stages >= 1")
+    return AttentionConfig(bm, bn, warps, stages)
 
 
 def _head_block(head_dim: int) -> int:
@@ -81,11 +102,14 @@ def _check_attention(q, k, v, q_pos) -> None:
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
-                      window: Optional[int] = None, config: Optional[AttentionConfig] = None) -> torch.Tensor:
+                      window: Optional[int] = None, config: Optional[AttentionConfig] = None,
+                      walk_all: bool = False) -> torch.Tensor:
     """q [S, G, R, M, D], k/v [S, G, L, D], q_pos [S, M] -> [S, G, R, M, D] in q's dtype: query (s, g, r, m) at
     position q_pos[s, m] attends to keys k <= position (and > position - window) of sequence s, head g, over
     `attention._allowed`'s mask, its bits independent of every other query and sequence in the call.
-    `config`: only for experiments (the default is `attention_config` of D)."""
+    `config`: only for experiments (the default is `attention_config` of D). `walk_all` (tests): every tile walks
+    all L keys instead of stopping after its last visible block (the same bits: a block a row does not see leaves
+    its state untouched)."""
     _check_attention(q, k, v, q_pos)
     S, G, R, M, D = q.shape
     L = k.shape[2]
@@ -102,6 +126,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: 
         q, k, v, q_pos, out, M, L, R, G, n_tiles, float(scale), int(window or 0),
         *q.stride()[:4], *k.stride()[:3], *v.stride()[:3], *q_pos.stride(), *out.stride()[:4],
         D=D, BLOCK_D=_head_block(D), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_WINDOW=bool(window),
+        WALK_ALL=bool(walk_all),
         IEEE=q.dtype == torch.float32 or interpreted, UPCAST=interpreted and q.dtype != torch.float32,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
