@@ -82,3 +82,35 @@ def test_with_the_triton_kernels_too(family, monkeypatch):
     fast, hf = _runners(family, torch.bfloat16)
     assert fast._fast.rope_kernel, fast._fast.rope_problem
     _same_steps(fast, hf, steps=4, bucket=SPAN)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen2-sliding"])
+def test_the_captured_step_on_cuda_has_the_hf_forwards_bits(family):
+    """On a GPU: the short step replayed from the runner's CUDA graphs (batch buckets, padded rows) against the
+    HF forward run eagerly, bf16, every step and the caches bitwise; the rotary kernel in use (its probe passed)."""
+    model = tiny(family).to("cuda")
+    for param in model.parameters():
+        param.data = param.data.to(torch.bfloat16)
+    make = lambda fast, graphs: ModelRunner(model, device=resolve("cuda"), num_slots=8, slot_len=SPAN,
+                                            fast_decode=fast, cuda_graphs=graphs, true_on_policy_span=SPAN)
+    fast, hf = make(True, True), make(False, False)
+    assert fast.static_decode and isinstance(fast._fast, InvariantDecoder)
+    assert fast._fast.rope_kernel, fast._fast.rope_problem
+    prompts = [[3, 9, 27], [5, 6, 7, 8, 9, 10, 11], [100, 2, 64, 1, 40], [17], [8, 8]]
+    slots = list(range(len(prompts)))
+    with torch.inference_mode():
+        tokens = fast.prefill(prompts, slots).argmax(-1)
+        for r in (fast, hf):
+            r.set_rows(slots, tokens, [len(p) for p in prompts])
+        for step in range(12):
+            rows = 5 if step < 8 else 3  # 5 rows replay the batch-8 graph (3 padding rows), then the batch-4 one
+            top = int(fast._pos[:rows].max())
+            got, want = fast.decode(rows, top).clone(), hf.decode(rows, top)
+            assert torch.equal(got, want), (step, (got - want).abs().max())
+            tokens = want.argmax(-1)
+            for r in (fast, hf):
+                r.advance(rows, tokens)
+        assert fast.graphs_captured >= 2
+        for a, b in zip(fast.cache.k + fast.cache.v, hf.cache.k + hf.cache.v):
+            assert torch.equal(a[:3], b[:3])  # (slots 3, 4 were padding rows of the last graphs: written again)
