@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.rollout.test_native_fast_decode import FAMILIES, tiny
-from tests.triton_interpreter import PREIMPORTED
+from tests.triton_interpreter import PREIMPORTED, fresh_process_only, run_in_fresh_process
 from verl_async.invariant import triton_ops
 from verl_async.rollout.native.invariant_decode import InvariantDecoder
 from verl_async.rollout.native.runner import ModelRunner
@@ -82,6 +82,11 @@ def test_with_the_triton_kernels_too(family, monkeypatch):
     fast, hf = _runners(family, torch.bfloat16)
     assert fast._fast.rope_kernel, fast._fast.rope_problem
     _same_steps(fast, hf, steps=4, bucket=SPAN)
+
+
+@fresh_process_only
+def test_with_the_triton_kernels_in_a_fresh_process():
+    run_in_fresh_process(f"{__file__}::test_with_the_triton_kernels_too", timeout=600)
 
 
 @pytest.mark.gpu
