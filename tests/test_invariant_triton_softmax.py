@@ -291,6 +291,25 @@ def test_logprob_gradients_are_the_plain_formulas(with_entropy):
 
 
 @kernels
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_logprob_backward_kernel_is_eager_backwards_formula(dtype, temperature):
+    """One pass per row (`logprob_backward_kernel`) against `algos.logprob.eager_backward`, with the log-prob's
+    gradient, the entropy's or both, a -inf logit, and more than one vocab block."""
+    from verl_async.algos.logprob import eager_backward
+
+    x, labels = _logits(6, 300, dtype, seed=8), _labels(6, 300, seed=9)
+    x[2, 7] = float("-inf")
+    lse, logp, ent = triton_softmax._logprob_launch(x, labels, temperature, True, True, 64)
+    g_logp, g_ent = rand(6, dtype=torch.float32, seed=10), rand(6, dtype=torch.float32, seed=11)
+    for gl, ge in ((g_logp, None), (None, g_ent), (g_logp, g_ent)):
+        got = triton_softmax._logprob_backward(x, labels, lse, ent, gl, ge, temperature)
+        want = eager_backward(x, labels, lse, ent, gl, ge, temperature)
+        assert got.dtype == dtype and bool(torch.isfinite(got).all())
+        torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
+@kernels
 def test_the_logprob_wiring(monkeypatch):
     """invariant.logprob's three entry points take the kernel where `use_triton` holds (float64 logits keep the
     chunked path); the engine's sampled_logprobs with mixed temperatures is the kernel per row."""

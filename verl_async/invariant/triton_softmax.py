@@ -15,7 +15,8 @@ fixed reduction order (`_triton_kernels.attention_kernel`, `logprob_kernel`):
   maximum and per-lane sums added once at the end; log-prob, log-sum-exp and optionally entropy in one pass.
 
 Backward passes are the plain formulas (a gradient need not match anything bit for bit): attention's through
-SDPA (`attention.CanonicalAttention`), the log-prob's through `algos.logprob.eager_backward`. Taken on CUDA when
+SDPA (`attention.CanonicalAttention`), the log-prob's formula (`algos.logprob.eager_backward`'s) in one Triton pass per row
+(`logprob_backward_kernel`). Taken on CUDA when
 `triton_ops.use_triton` holds (VERL_ASYNC_INVARIANT_TRITON=0 keeps the chunked path); on CPU only under Triton's
 interpreter (tests).
 """
@@ -29,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from verl_async.algos.logprob import eager_backward, flatten_checked, normalize_temperature
+from verl_async.algos.logprob import flatten_checked, normalize_temperature
 from verl_async.invariant import triton_ops
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -162,8 +163,25 @@ def _logprob_launch(flat: torch.Tensor, labels: torch.Tensor, temperature: float
     return lse, logp, ent
 
 
+def _logprob_backward(flat, labels, lse, ent, g_logp, g_ent, temperature):
+    """The logits' gradient [N, V] in flat's dtype: one Triton pass per row (`logprob_backward_kernel`) instead of
+    `algos.logprob.eager_backward`'s ~10 passes over float32 chunk copies (the same formula)."""
+    n, vocab = flat.shape
+    flat = flat if flat.stride(-1) == 1 else flat.contiguous()
+    grad = torch.empty((n, vocab), dtype=flat.dtype, device=flat.device)
+    if n == 0:
+        return grad
+    block, warps = vocab_block(vocab)
+    triton_ops._kernels().logprob_backward_kernel[(n,)](
+        flat, labels, lse, ent if ent is not None else lse, g_logp if g_logp is not None else lse,
+        g_ent if g_ent is not None else lse, grad, n, vocab, flat.stride(0), grad.stride(0), 1.0 / temperature,
+        HAS_LOGP=g_logp is not None, HAS_ENT=g_ent is not None, SCALE=temperature != 1.0, BLOCK=block,
+        num_warps=warps)
+    return grad
+
+
 class _TokenLogProb(torch.autograd.Function):
-    """Forward: the invariant kernel; backward: the chunked torch formula (`eager_backward`)."""
+    """Forward: the invariant kernel; backward: one Triton pass per row (`_logprob_backward`)."""
 
     @staticmethod
     def forward(ctx, flat, labels, temperature, with_entropy, block):  # type: ignore[override]
@@ -178,7 +196,9 @@ class _TokenLogProb(torch.autograd.Function):
         flat, labels, lse, ent = ctx.saved_tensors
         if g_logp is None and g_ent is None:
             return None, None, None, None, None
-        grad = eager_backward(flat, labels, lse, ent, g_logp, g_ent, ctx.temperature)
+        g_logp = None if g_logp is None else g_logp.float().contiguous()
+        g_ent = None if g_ent is None else g_ent.float().contiguous()
+        grad = _logprob_backward(flat, labels, lse, ent, g_logp, g_ent, ctx.temperature)
         return grad, None, None, None, None
 
 
