@@ -63,12 +63,26 @@ def _same_steps(fast: ModelRunner, hf: ModelRunner, steps: int = 7, bucket: int 
 def test_the_short_step_has_the_hf_forwards_bits(family, dtype):
     fast, hf = _runners(family, dtype)
     assert isinstance(fast._fast, InvariantDecoder) and hf._fast is None
-    assert not fast._fast.rope_kernel  # CPU: the model's own rotary function
+    assert not fast._fast.rope_kernel and fast._fast.layers[0].qkv is None  # CPU: HF's rotary, the modules
     if family == "qwen2-sliding":  # layer 0 full, layers 1.. sliding (max_window_layers=1), as HF hands them
         assert fast._fast.windows == [None, 4, 4]
     if family == "mistral-sliding":
         assert fast._fast.windows == [4, 4]
     _same_steps(fast, hf, bucket=16 if dtype == torch.bfloat16 else 0)
+
+
+def test_fused_projections_serve_only_where_their_columns_are_the_modules_outputs():
+    from verl_async.invariant.attention import ATTENTION_NAME
+    from verl_async.rollout.native.fast_decode import FastDecoder
+    from verl_async.rollout.native.invariant_decode import _fusion_problem
+
+    hf = _runners("qwen2", torch.float32)[1]  # patched (the mode's modules), q/k/v with biases
+    fused = FastDecoder(hf.model, hf.cache, hf.layer_types, fuse_projections=True, attention=(ATTENTION_NAME,))
+    assert fused.layers[0].qkv is not None and _fusion_problem(fused.layers) is None
+    layer = fused.layers[1]
+    shifted = layer._replace(gate_up=layer.gate_up._replace(weight=layer.gate_up.weight.roll(1, dims=0)))
+    assert _fusion_problem([fused.layers[0], shifted]) == ("layer 1: a fused projection's columns differ from its "
+                                                          "modules' outputs")
 
 
 @pytest.mark.skipif(PREIMPORTED, reason="triton was imported without the interpreter")
@@ -81,6 +95,7 @@ def test_with_the_triton_kernels_too(family, monkeypatch):
     monkeypatch.setattr(triton_ops, "use_triton", lambda device: True)
     fast, hf = _runners(family, torch.bfloat16)
     assert fast._fast.rope_kernel, fast._fast.rope_problem
+    assert fast._fast.fusion_problem is None and fast._fast.layers[0].qkv is not None  # q/k/v, gate/up: one launch
     _same_steps(fast, hf, steps=4, bucket=SPAN)
 
 
@@ -102,6 +117,7 @@ def test_the_captured_step_on_cuda_has_the_hf_forwards_bits(family):
     fast, hf = make(True, True), make(False, False)
     assert fast.static_decode and isinstance(fast._fast, InvariantDecoder)
     assert fast._fast.rope_kernel, fast._fast.rope_problem
+    assert fast._fast.fusion_problem is None, fast._fast.fusion_problem
     prompts = [[3, 9, 27], [5, 6, 7, 8, 9, 10, 11], [100, 2, 64, 1, 40], [17], [8, 8]]
     slots = list(range(len(prompts)))
     with torch.inference_mode():

@@ -6,21 +6,25 @@ per layer (views, transposes, `rotate_half` cats, mask plumbing), and a decode s
 per launch. `InvariantDecoder` runs the same arithmetic in ~17: each op below is the one HF's decoder layer
 calls, on the same values, so every element gets the same bits.
 
-    input RMSNorm | q, k, v projections (the patched modules, unfused: one weight, one kernel, the trainer's) |
-    [qwen3: q_norm, k_norm] | rotary + K/V into the cache (`invariant.rope`: HF's formula's roundings, one
-    launch on CUDA) | attention over the slot (`invariant.attention.canonical_attention`, the trainer's kernel) |
-    o_proj, + residual | post RMSNorm | gate, up, SiLU, *, down, + residual ... final norm, LM head
+    input RMSNorm | q, k, v projections | [qwen3: q_norm, k_norm] | rotary + K/V into the cache
+    (`invariant.rope`: HF's formula's roundings, one launch on CUDA) | attention over the slot
+    (`invariant.attention.canonical_attention`, the trainer's kernel) | o_proj, + residual | post RMSNorm |
+    gate, up, SiLU, *, down, + residual ... final norm, LM head
 
-What FastDecoder fuses that changes bits stays unfused here: no q/k/v or gate/up fusion, no `addmm` residual, no
-rotation-matrix rotary, no `F.rms_norm`. Masks are not built: the attention kernel reads each row's position
-from the device tensor and the keys it may see from that, so a step has one shape per batch bucket, no host
-sync, and runs inside the runner's CUDA graphs (`runner.ModelRunner._new_graph`); the same function runs
-eagerly on CPU, where the tests hold it to the trainer's bits.
+On CUDA q/k/v and gate/up run as one launch each of the same invariant linear over FastDecoder's fused weight
+buffers (the modules' parameters are its row blocks): an output column's sum is the same K walk whichever columns
+share its tile, checked on the real weights at start (`_fusion_problem`; VERL_ASYNC_INVARIANT_FUSE_PROJECTIONS=0
+keeps them apart). What FastDecoder does that changes bits is not done: no `addmm` residual, no rotation-matrix
+rotary, no `F.rms_norm`. Masks are not built: the attention kernel reads each row's position from the device
+tensor and the keys it may see from that, so a step has one shape per batch bucket, no host sync, and runs inside
+the runner's CUDA graphs (`runner.ModelRunner._new_graph`); the same function runs eagerly on CPU (projections
+apart: the exact linear keeps each module's weight grid), where the tests hold it to the trainer's bits.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Optional
 
@@ -28,8 +32,10 @@ import torch
 
 from verl_async.invariant import triton_ops
 from verl_async.invariant.attention import ATTENTION_NAME, canonical_attention
+from verl_async.invariant.ops import linear
 from verl_async.invariant.rope import rope_into_cache, rope_problem
-from verl_async.rollout.native.fast_decode import FastDecoder
+from verl_async.invariant.shapes import shapes_for
+from verl_async.rollout.native.fast_decode import FastDecoder, FusedLinear
 from verl_async.rollout.native.kv_cache import SlotKVCache
 
 logger = logging.getLogger(__name__)
@@ -43,13 +49,47 @@ def _apply_rotary(layer: torch.nn.Module):
     return fn
 
 
+FUSE_ENV = "VERL_ASYNC_INVARIANT_FUSE_PROJECTIONS"  # "0": q/k/v and gate/up as separate launches
+
+
+def _linear(x: torch.Tensor, fused: FusedLinear) -> torch.Tensor:
+    """The invariant linear (what each patched module calls) over a fused weight: on CUDA one Triton launch whose
+    output column j is computed as the module owning weight row j computes it alone (same K walk, same tile)."""
+    return linear(x, fused.weight, fused.bias, shapes_for(x.device).linear_rows)
+
+
+def _fusion_problem(layers) -> Optional[str]:
+    """Why a fused projection's columns are not the modules' own outputs here (a probe over each layer's real
+    weights at 1 and 64 rows), or None. FastDecoder fuses for speed alone; here equal bits are the point."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            for fused, parts in ((layer.qkv, (layer.q_proj, layer.k_proj, layer.v_proj)),
+                                 (layer.gate_up, (layer.gate_proj, layer.up_proj))):
+                if fused is None:
+                    continue
+                x = torch.randn(64, fused.weight.shape[1], generator=gen).to(fused.weight)
+                for rows in (1, 64):
+                    outs = _linear(x[:rows], fused).split(fused.sizes, dim=-1)
+                    if not all(torch.equal(out, part(x[:rows])) for out, part in zip(outs, parts)):
+                        return f"layer {i}: a fused projection's columns differ from its modules' outputs"
+    return None
+
+
 class InvariantDecoder(FastDecoder):
     """One decode step of a model `make_invariant` patched, with the bits of its HF forward (see the module)."""
 
     def __init__(self, model: torch.nn.Module, cache: SlotKVCache, layer_types: list[str], span: int,
                  sliding_window: Optional[int] = None) -> None:
-        super().__init__(model, cache, layer_types, fuse_projections=False, attention=(ATTENTION_NAME,))
+        device = model.get_input_embeddings().weight.device
+        fuse = triton_ops.use_triton(device) and os.environ.get(FUSE_ENV, "1") != "0"
+        super().__init__(model, cache, layer_types, fuse_projections=fuse, attention=(ATTENTION_NAME,))
         self.span = int(span)
+        self.fusion_problem = _fusion_problem(self.layers) if fuse else "not on CUDA with triton"
+        if self.fusion_problem is not None:  # the modules (views of the fused buffers, or their own weights)
+            self.layers = [layer._replace(qkv=None, gate_up=None) for layer in self.layers]
+            if fuse:
+                logger.warning("true on-policy decode: projections unfused: %s", self.fusion_problem)
         hf_layers = list(model.model.layers)[: len(self.layers)]
         # the window HF hands the attention: the layer's own attribute (qwen2, qwen3), else the config's (mistral)
         self.windows = [getattr(layer.self_attn, "sliding_window",
@@ -76,9 +116,11 @@ class InvariantDecoder(FastDecoder):
         q_pos = positions[:, None]
         for i, layer in enumerate(self.layers):
             h = layer.input_norm(x)
-            q = layer.q_proj(h).view(batch, heads, dim)
-            k = layer.k_proj(h).view(batch, kv_heads, dim)
-            v = layer.v_proj(h).view(batch, kv_heads, dim)
+            if layer.qkv is not None:  # one launch; q, k, v are column blocks (views) of its output
+                q, k, v = _linear(h, layer.qkv).split(layer.qkv.sizes, dim=-1)
+            else:
+                q, k, v = layer.q_proj(h), layer.k_proj(h), layer.v_proj(h)
+            q, k, v = q.view(batch, heads, dim), k.view(batch, kv_heads, dim), v.view(batch, kv_heads, dim)
             if layer.q_norm is not None:  # qwen3: RMSNorm over head_dim per head, before rotary
                 q, k = layer.q_norm(q), layer.k_norm(k)
             k_cache, v_cache = cache.k[i], cache.v[i]
@@ -89,5 +131,9 @@ class InvariantDecoder(FastDecoder):
                                        window=self.windows[i], span=self.span)
             x = x.add_(layer.o_proj(attn.reshape(batch, heads * dim)))  # HF: residual + o_proj(...)
             h = layer.post_norm(x)
-            x = x.add_(layer.down_proj(layer.act_fn(layer.gate_proj(h)) * layer.up_proj(h)))
+            if layer.gate_up is not None:
+                gate, up = _linear(h, layer.gate_up).split(layer.gate_up.sizes, dim=-1)
+            else:
+                gate, up = layer.gate_proj(h), layer.up_proj(h)
+            x = x.add_(layer.down_proj(layer.act_fn(gate) * up))
         return self.lm_head(self.norm(x)).float()
