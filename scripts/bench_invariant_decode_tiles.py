@@ -11,7 +11,8 @@ BLOCK_N, warps, stages; the K step is the dtype's and never changes) is
    tile that differs anywhere must not serve decode (exit 1 if the current VERL_ASYNC_INVARIANT_DECODE_TILE does);
 2. timed inside a CUDA graph (as the engine's decode graphs pay it: no Python, no launch overhead), next to the
    default tile and torch's F.linear (cuBLAS with its default settings: the mode off).
-Prints per model and M one decoder layer's 7 linears summed per tile, and the fastest tile that is bitwise equal.
+Prints per model and M one decoder layer's linears summed per tile (SmolLM2: the launches of the engine's decode
+step, q/k/v and gate/up fused; Qwen: the 7 modules), and the fastest tile that is bitwise equal.
 Set the choice with VERL_ASYNC_INVARIANT_DECODE_TILE=BLOCK_M,BLOCK_N,warps,stages (triton_ops.DECODE_TILE).
 `--smoke` checks the script on tiny shapes (CPU: TRITON_INTERPRET=1, bits only).
 """
@@ -29,10 +30,12 @@ from scripts.bench_invariant_triton import QWEN05, TINY, torch_and_device, write
 
 SMOLLM2 = {"q_proj": (576, 576, False), "k_proj": (192, 576, False), "v_proj": (192, 576, False),
            "o_proj": (576, 576, False), "gate_proj": (1536, 576, False), "up_proj": (1536, 576, False),
-           "down_proj": (576, 1536, False), "lm_head": (49152, 576, False)}
+           "down_proj": (576, 1536, False), "lm_head": (49152, 576, False),
+           "qkv (fused)": (960, 576, False), "gate_up (fused)": (3072, 576, False)}
 LAYER = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-TILES = [(16, 32, 4, 4), (16, 64, 4, 4), (16, 128, 4, 4), (16, 32, 2, 4), (16, 64, 4, 6), (32, 64, 4, 4),
-         (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 3)]
+FUSED_LAYER = ("qkv (fused)", "o_proj", "gate_up (fused)", "down_proj")  # what the engine's decode step launches
+TILES = [(16, 16, 4, 6), (16, 32, 4, 4), (16, 32, 4, 6), (16, 32, 2, 6), (16, 64, 4, 4), (16, 64, 4, 6),
+         (16, 128, 4, 4), (32, 64, 4, 4), (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 3)]
 ROWS = (1, 16, 64)
 
 
@@ -92,9 +95,10 @@ def summary(rows: list[dict], shapes: dict, ms) -> list[dict]:
     tiles = sorted({r["tile"] for r in rows}, key=lambda t: (t != "torch", t))
     by = {(r["op"], r["tile"]): r for r in rows}
     out = []
+    layer = FUSED_LAYER if all(op in shapes for op in FUSED_LAYER) else LAYER
     for m in ms:
         for tile in tiles:
-            members = [by[(op, tile)] for op in LAYER if (op, tile) in by]
+            members = [by[(op, tile)] for op in layer if (op, tile) in by]
             if members and all(f"us/{m}" in r for r in members):
                 out.append({"rows": m, "tile": tile, "layer_us": sum(r[f"us/{m}"] for r in members),
                             "lm_head_us": by.get(("lm_head", tile), {}).get(f"us/{m}"),
