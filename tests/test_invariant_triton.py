@@ -105,6 +105,21 @@ def test_decode_calls_take_their_own_tile_and_the_same_bits(dtype, monkeypatch):
 
 
 @kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adding_into_the_residual_inside_the_launch_has_torchs_bits(dtype):
+    """`add_to` (the engine's decode step: o_proj and down_proj add into the residual stream in their launch) gives
+    `residual + linear(x)` bit for bit: the product rounded to the dtype, then the sum rounded, as torch's add."""
+    x, w, b = _rand(70, 200, dtype=dtype, seed=31), _rand(150, 200, dtype=dtype, seed=32), _rand(150, dtype=dtype, seed=33)
+    res = _rand(70, 150, dtype=dtype, seed=34) * 4
+    for m in (1, 70):
+        target = res[:m].clone()
+        got = triton_ops.linear_forward(x[:m], w, b, add_to=target)
+        assert got is target and torch.equal(got, res[:m] + triton_ops.linear_forward(x[:m], w, b)), m
+    with pytest.raises(ValueError, match=r"add_to .* is not the output's"):
+        triton_ops.linear_forward(x, w, b, add_to=res.t())
+
+
+@kernels
 def test_a_different_summation_order_changes_bits():
     """The equality checks above can fail: the same float32 product with K walked backwards (the same sums in
     another order) differs in some bits. (A wider K step is no such check: on a GPU `tl.dot` chains its products

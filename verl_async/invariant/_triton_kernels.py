@@ -26,7 +26,8 @@ import triton.language as tl
 def linear_kernel(x_ptr, w_ptr, b_ptr, o_ptr, M, N, K,
                   stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  ADD_TO_OUT: tl.constexpr):
     # Grouped tile order (tiles of GROUP_M row blocks share weight tiles in L2): which program computes a tile
     # never changes what the tile's arithmetic is.
     pid = tl.program_id(0)
@@ -63,7 +64,11 @@ def linear_kernel(x_ptr, w_ptr, b_ptr, o_ptr, M, N, K,
         bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
     o_ptrs = o_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=row_ok & col_ok)
+    out = acc.to(o_ptr.dtype.element_ty)
+    if ADD_TO_OUT:  # out += x @ w.T as torch's `residual + linear(x)`: the product rounded, then the sum rounded
+        res = tl.load(o_ptrs, mask=row_ok & col_ok, other=0.0)
+        out = round_to(res.to(tl.float32) + out.to(tl.float32), o_ptr.dtype.element_ty)
+    tl.store(o_ptrs, out, mask=row_ok & col_ok)
 
 
 @triton.jit

@@ -134,9 +134,11 @@ def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
 
 
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                   config: Optional[MatmulConfig] = None) -> torch.Tensor:
+                   config: Optional[MatmulConfig] = None, add_to: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`x @ weight.T (+ bias)` in one launch, each row's bits independent of the other rows (x's leading dims are
-    rows). `config`: only for experiments (the default is `matmul_config` of the weight)."""
+    rows). `config`: only for experiments (the default is `matmul_config` of the weight). `add_to` (a contiguous
+    tensor of the output's shape and dtype): the result is added into it in place, with the bits of
+    `add_to + linear(x)` (the decode step's residual add, one launch fewer); returns `add_to`."""
     _check("triton linear", x, weight, bias)
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"triton linear: input [..., {x.shape[-1]}] does not fit weight {tuple(weight.shape)}")
@@ -147,7 +149,13 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     x2d = x.reshape(-1, k)
     m = x2d.shape[0]
     cfg = config or matmul_config(n_out, k, weight.dtype, m)
-    result = torch.empty((*x.shape[:-1], n_out), dtype=x.dtype, device=x.device)  # not a view: FSDP2 hooks outputs
+    if add_to is None:
+        result = torch.empty((*x.shape[:-1], n_out), dtype=x.dtype, device=x.device)  # not a view: FSDP2 hooks it
+    elif add_to.shape != (*x.shape[:-1], n_out) or add_to.dtype != x.dtype or not add_to.is_contiguous():
+        raise ValueError(f"triton linear: add_to {add_to.dtype} {tuple(add_to.shape)} (contiguous: "
+                         f"{add_to.is_contiguous()}) is not the output's {x.dtype} {(*x.shape[:-1], n_out)}")
+    else:
+        result = add_to
     out = result.view(m, n_out)
     if m > 0 and n_out > 0:
         interpreted = x.device.type == "cpu"  # (CPU runs only under the interpreter: triton_problem)
@@ -158,7 +166,7 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
             HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or interpreted,
             UPCAST=interpreted and x.dtype != torch.float32,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            ADD_TO_OUT=add_to is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return result
 
 

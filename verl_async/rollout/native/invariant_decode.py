@@ -13,8 +13,9 @@ calls, on the same values, so every element gets the same bits.
 
 On CUDA q/k/v and gate/up run as one launch each of the same invariant linear over FastDecoder's fused weight
 buffers (the modules' parameters are its row blocks): an output column's sum is the same K walk whichever columns
-share its tile, checked on the real weights at start (`_fusion_problem`; VERL_ASYNC_INVARIANT_FUSE_PROJECTIONS=0
-keeps them apart). What FastDecoder does that changes bits is not done: no `addmm` residual, no rotation-matrix
+share its tile; and o_proj and down_proj add into the residual stream inside their launch (the product rounded,
+then the sum, as HF's `residual + o_proj(...)` rounds them). Both are checked on the real weights at start
+(`_fusion_problem`; VERL_ASYNC_INVARIANT_FUSE_PROJECTIONS=0 keeps everything apart). What FastDecoder does that changes bits is not done: no `addmm` residual, no rotation-matrix
 rotary, no `F.rms_norm`. Masks are not built: the attention kernel reads each row's position from the device
 tensor and the keys it may see from that, so a step has one shape per batch bucket, no host sync, and runs inside
 the runner's CUDA graphs (`runner.ModelRunner._new_graph`); the same function runs eagerly on CPU (projections
@@ -58,12 +59,27 @@ def _linear(x: torch.Tensor, fused: FusedLinear) -> torch.Tensor:
     return linear(x, fused.weight, fused.bias, shapes_for(x.device).linear_rows)
 
 
-def _fusion_problem(layers) -> Optional[str]:
-    """Why a fused projection's columns are not the modules' own outputs here (a probe over each layer's real
-    weights at 1 and 64 rows), or None. FastDecoder fuses for speed alone; here equal bits are the point."""
+def _add_linear_(x: torch.Tensor, module: torch.nn.Module, inp: torch.Tensor, fused: bool) -> torch.Tensor:
+    """x + module(inp) (HF's residual add), in place: on CUDA added inside the linear's launch (`add_to`)."""
+    if fused:
+        return triton_ops.linear_forward(inp, module.weight, module.bias, add_to=x)
+    return x.add_(module(inp))
+
+
+def _fusion_problem(layers, residual: bool = True) -> Optional[str]:
+    """Why a fused projection's columns are not the modules' own outputs, or a residual added inside the linear's
+    launch is not `residual + module(x)`, here (a probe over each layer's real weights at 1 and 64 rows), or None.
+    FastDecoder fuses for speed alone; here equal bits are the point."""
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for i, layer in enumerate(layers):
+            for module in (layer.o_proj, layer.down_proj) if residual else ():
+                x = torch.randn(64, module.weight.shape[1], generator=gen).to(module.weight)
+                res = torch.randn(64, module.weight.shape[0], generator=gen).to(module.weight)
+                for rows in (1, 64):
+                    if not torch.equal(_add_linear_(res[:rows].clone(), module, x[:rows], True),
+                                       res[:rows] + module(x[:rows])):
+                        return f"layer {i}: a residual added inside the linear differs from residual + linear"
             for fused, parts in ((layer.qkv, (layer.q_proj, layer.k_proj, layer.v_proj)),
                                  (layer.gate_up, (layer.gate_proj, layer.up_proj))):
                 if fused is None:
@@ -86,6 +102,7 @@ class InvariantDecoder(FastDecoder):
         super().__init__(model, cache, layer_types, fuse_projections=fuse, attention=(ATTENTION_NAME,))
         self.span = int(span)
         self.fusion_problem = _fusion_problem(self.layers) if fuse else "not on CUDA with triton"
+        self.fuse_residual = self.fusion_problem is None
         if self.fusion_problem is not None:  # the modules (views of the fused buffers, or their own weights)
             self.layers = [layer._replace(qkv=None, gate_up=None) for layer in self.layers]
             if fuse:
@@ -129,11 +146,11 @@ class InvariantDecoder(FastDecoder):
             attn = canonical_attention(q.view(batch, kv_heads, self.groups, 1, dim), k_cache[:batch, :, :kv_len],
                                        v_cache[:batch, :, :kv_len], q_pos, scale=layer.scaling,
                                        window=self.windows[i], span=self.span)
-            x = x.add_(layer.o_proj(attn.reshape(batch, heads * dim)))  # HF: residual + o_proj(...)
+            x = _add_linear_(x, layer.o_proj, attn.reshape(batch, heads * dim), self.fuse_residual)
             h = layer.post_norm(x)
             if layer.gate_up is not None:
                 gate, up = _linear(h, layer.gate_up).split(layer.gate_up.sizes, dim=-1)
             else:
                 gate, up = layer.gate_proj(h), layer.up_proj(h)
-            x = x.add_(layer.down_proj(layer.act_fn(gate) * up))
+            x = _add_linear_(x, layer.down_proj, layer.act_fn(gate) * up, self.fuse_residual)
         return self.lm_head(self.norm(x)).float()
