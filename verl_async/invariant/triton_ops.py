@@ -64,19 +64,21 @@ DECODE_TILE = "16,64,4,4"  # BLOCK_M, BLOCK_N, num_warps, num_stages of a call o
 def decode_tile() -> Optional[tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of decode-sized calls: VERL_ASYNC_INVARIANT_DECODE_TILE
     (default DECODE_TILE; "off": the default tile for every row count). Engine and trainer read one environment."""
-    return _parse_tile(os.environ.get(DECODE_TILE_ENV, DECODE_TILE))
+    return parse_tile(DECODE_TILE_ENV, os.environ.get(DECODE_TILE_ENV, DECODE_TILE))
 
 
 @functools.cache
-def _parse_tile(spec: str) -> Optional[tuple[int, int, int, int]]:
+def parse_tile(name: str, spec: str) -> Optional[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) from the value `spec` of environment variable `name`; None for
+    "off" (or empty); a bad value is refused naming the variable."""
     if spec.strip().lower() in ("", "0", "off", "none"):
         return None
     try:
         bm, bn, warps, stages = (int(v) for v in spec.split(","))
     except ValueError:
-        raise ValueError(f"{DECODE_TILE_ENV}={spec!r}: want BLOCK_M,BLOCK_N,num_warps,num_stages or off") from None
+        raise ValueError(f"{name}={spec!r}: want BLOCK_M,BLOCK_N,num_warps,num_stages or off") from None
     if min(bm, bn) < 16 or bm & (bm - 1) or bn & (bn - 1) or warps not in (1, 2, 4, 8) or stages < 1:
-        raise ValueError(f"{DECODE_TILE_ENV}={spec!r}: blocks must be powers of two >= 16, warps 1/2/4/8, stages >= 1")
+        raise ValueError(f"{name}={spec!r}: blocks must be powers of two >= 16, warps 1/2/4/8, stages >= 1")
     return bm, bn, warps, stages
 
 

@@ -23,7 +23,6 @@ interpreter (tests).
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -55,23 +54,12 @@ def attention_config(head_dim: int) -> AttentionConfig:
     with Triton 3.6, 4 warps spill registers at D = 80 and 128; these do not). VERL_ASYNC_INVARIANT_ATTN_TILE
     overrides it (experiments: scripts/bench_invariant_triton_softmax.py --attn-sweep times the candidates); it
     changes the bits of engine and trainer alike, so both must run with the same value."""
-    spec = os.environ.get(ATTN_TILE_ENV)
-    if spec:
-        return _parse_attention_tile(spec)
+    tile = triton_ops.parse_tile(ATTN_TILE_ENV, os.environ.get(ATTN_TILE_ENV, ""))
+    if tile is not None:
+        return AttentionConfig(*tile)
     if head_dim > 128:
         return AttentionConfig(block_n=32, num_warps=8)
     return AttentionConfig(num_warps=8) if head_dim > 64 else AttentionConfig()
-
-
-@functools.cache
-def _parse_attention_tile(spec: str) -> AttentionConfig:
-    try:
-        bm, bn, warps, stages = (int(v) for v in spec.split(","))
-    except ValueError:
-        raise ValueError(f"{ATTN_TILE_ENV}={spec!r}: want BLOCK_M,BLOCK_N,num_warps,num_stages") from None
-    if min(bm, bn) < 16 or bm & (bm - 1) or bn & (bn - 1) or warps not in (1, 2, 4, 8) or stages < 1:
-        raise ValueError(f"{ATTN_TILE_ENV}={spec!r}: blocks must be powers of two >= 16, warps 1/2/4/8, stages >= 1")
-    return AttentionConfig(bm, bn, warps, stages)
 
 
 def _head_block(head_dim: int) -> int:
