@@ -145,7 +145,12 @@ def main(argv=None) -> int:
         raise SystemExit("no CUDA device: this script checks the GPU path (the CPU tests cover the CPU)")
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
-    result: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    from verl_async.invariant import triton_ops, triton_softmax
+    from verl_async.rollout.native import invariant_decode
+
+    knobs = (triton_ops.DECODE_TILE_ENV, triton_softmax.ATTN_TILE_ENV, invariant_decode.FUSE_ENV, triton_ops.USE_ENV)
+    result: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                    "knobs": {k: os.environ.get(k) for k in knobs}}  # unset: the defaults
     if not args.skip_tests:
         result["equality"] = equality(args, out_dir)
     if not args.skip_bench:
