@@ -14,6 +14,7 @@ BLOCK_N, warps, stages; the K step is the dtype's and never changes) is
 Prints per model and M one decoder layer's linears summed per tile (SmolLM2: the launches of the engine's decode
 step, q/k/v and gate/up fused; Qwen: the 7 modules), and the fastest tile that is bitwise equal.
 Set the choice with VERL_ASYNC_INVARIANT_DECODE_TILE=BLOCK_M,BLOCK_N,warps,stages (triton_ops.DECODE_TILE).
+`--train`: the same for the long calls (training, prefill) at 16,384 rows, VERL_ASYNC_INVARIANT_LINEAR_TILE.
 `--smoke` checks the script on tiny shapes (CPU: TRITON_INTERPRET=1, bits only).
 """
 
@@ -37,6 +38,10 @@ FUSED_LAYER = ("qkv (fused)", "o_proj", "gate_up (fused)", "down_proj")  # what 
 TILES = [(16, 16, 4, 6), (16, 32, 4, 4), (16, 32, 4, 6), (16, 32, 2, 6), (16, 64, 4, 4), (16, 64, 4, 6),
          (16, 128, 4, 4), (32, 64, 4, 4), (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 3)]
 ROWS = (1, 16, 64)
+# --train: tiles for the long calls (training, prefill: VERL_ASYNC_INVARIANT_LINEAR_TILE), timed at 16,384 rows
+TRAIN_TILES = [(128, 128, 8, 3), (128, 256, 8, 3), (256, 128, 8, 3), (128, 128, 4, 4), (128, 64, 4, 4),
+               (64, 128, 4, 4), (128, 256, 8, 4), (128, 128, 8, 4)]
+TRAIN_ROWS = (16384,)
 
 
 def graph_seconds(torch, fn, reps: int = 50) -> float:
@@ -72,13 +77,16 @@ def sweep(torch, device, shapes: dict, tiles, rows) -> list[dict]:
     for name, (n, k, bias) in shapes.items():
         w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(device, torch.bfloat16)
         b = torch.randn(n, generator=gen).to(device, torch.bfloat16) if bias else None
-        x = torch.randn(256, k, generator=gen).to(device, torch.bfloat16)
+        x = torch.randn(max(256, *rows), k, generator=gen).to(device, torch.bfloat16)
         base = triton_ops.matmul_config(n, k, w.dtype)
         ref = triton_ops.linear_forward(x, w, b, base)
         for tile in [None, *tiles]:
             cfg = base if tile is None else triton_ops.MatmulConfig(tile[0], tile[1], base.block_k, base.group_m,
                                                                      tile[2], tile[3])
-            equal = all(torch.equal(triton_ops.linear_forward(x[:m], w, b, cfg), ref[:m]) for m in (*rows, 256))
+            equal = all(torch.equal(triton_ops.linear_forward(x[:m], w, b, cfg), ref[:m]) for m in (*rows, 256)
+                        if m <= 256) and all(torch.equal(triton_ops.linear_forward(x[:m], w, b, cfg),
+                                                         triton_ops.linear_forward(x[:m], w, b, base)) for m in rows
+                                             if m > 256)
             row = {"op": name, "tile": "torch" if tile is None else ",".join(map(str, tile)), "equal": equal}
             for m in rows:
                 xm = x[:m]
@@ -110,24 +118,27 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny shapes, bits only (CPU: TRITON_INTERPRET=1)")
+    p.add_argument("--train", action="store_true",
+                   help="the long calls' tiles instead (TRAIN_TILES at 16,384 rows; VERL_ASYNC_INVARIANT_LINEAR_TILE)")
     args = p.parse_args(argv)
     torch, device = torch_and_device(args.smoke)
     from verl_async.invariant import triton_ops
 
     models = {"tiny": TINY} if args.smoke else {"smollm2-135m": SMOLLM2, "qwen2.5-0.5b": QWEN05}
-    tiles = TILES[:2] if args.smoke else TILES
-    chosen = triton_ops.decode_tile()
+    tiles = TILES[:2] if args.smoke else TRAIN_TILES if args.train else TILES
+    ms = (200,) if args.smoke and args.train else TRAIN_ROWS if args.train else ROWS
+    chosen = None if args.train else triton_ops.decode_tile()
     report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)",
                     "decode_tile": chosen, "models": {}}
     bad = False
     for model, shapes in models.items():
-        rows = sweep(torch, device, shapes, tiles, ROWS)
-        table = summary(rows, shapes, ROWS)
+        rows = sweep(torch, device, shapes, tiles, ms)
+        table = summary(rows, shapes, ms)
         report["models"][model] = {"ops": rows, "layer": table}
         unequal = sorted({r["tile"] for r in rows if not r["equal"] and r["tile"] != "torch"})
         print(f"\n{model}: tiles NOT bitwise equal to the default: {unequal or 'none'}")
         bad |= chosen is not None and ",".join(map(str, chosen)) in unequal
-        for m in ROWS:
+        for m in ms:
             mine = [r for r in table if r["rows"] == m]
             if not mine:
                 continue

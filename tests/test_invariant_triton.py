@@ -99,6 +99,9 @@ def test_decode_calls_take_their_own_tile_and_the_same_bits(dtype, monkeypatch):
     assert triton_ops.matmul_config(576, 576, dtype, rows=1) == base
     monkeypatch.setenv(triton_ops.DECODE_TILE_ENV, "32,128,8,3")
     assert triton_ops.matmul_config(576, 576, dtype, rows=1) == replace(base, block_m=32, num_warps=8)
+    monkeypatch.setenv(triton_ops.LINEAR_TILE_ENV, "128,256,8,4")  # the long calls' tile (experiments)
+    assert triton_ops.matmul_config(576, 576, dtype, rows=65) == replace(base, block_n=256, num_stages=4)
+    assert torch.equal(triton_ops.linear_forward(x, w, b), full)
     monkeypatch.setenv(triton_ops.DECODE_TILE_ENV, "16,48,4,4")
     with pytest.raises(ValueError, match="VERL_ASYNC_INVARIANT_DECODE_TILE='16,48,4,4': blocks must be powers"):
         triton_ops.matmul_config(576, 576, dtype, rows=1)

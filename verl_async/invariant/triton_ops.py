@@ -50,7 +50,10 @@ def matmul_config(out_features: int, in_features: int, dtype: torch.dtype, rows:
     scripts/bench_invariant_triton.py --decode-sweep checks each decode tile against the default and times it)."""
     del out_features, in_features  # one config per dtype today; a per-shape table may come after GPU tuning
     base = MatmulConfig(block_k=32) if dtype == torch.float32 else MatmulConfig()
-    tile = decode_tile() if rows is not None and rows <= DECODE_ROWS else None
+    if rows is not None and rows <= DECODE_ROWS:
+        tile = decode_tile()
+    else:  # experiments: another tile for the long calls (training, prefill), the K step still the dtype's
+        tile = parse_tile(LINEAR_TILE_ENV, os.environ.get(LINEAR_TILE_ENV, ""))
     if tile is None:
         return base
     return replace(base, block_m=tile[0], block_n=tile[1], num_warps=tile[2], num_stages=tile[3])
@@ -58,6 +61,7 @@ def matmul_config(out_features: int, in_features: int, dtype: torch.dtype, rows:
 
 DECODE_ROWS = 64
 DECODE_TILE_ENV = "VERL_ASYNC_INVARIANT_DECODE_TILE"
+LINEAR_TILE_ENV = "VERL_ASYNC_INVARIANT_LINEAR_TILE"  # the tile of calls of more rows (default: MatmulConfig's)
 DECODE_TILE = "16,64,4,4"  # BLOCK_M, BLOCK_N, num_warps, num_stages of a call of <= DECODE_ROWS rows
 
 
