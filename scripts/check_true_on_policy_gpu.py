@@ -148,7 +148,8 @@ def main(argv=None) -> int:
     from verl_async.invariant import triton_ops, triton_softmax
     from verl_async.rollout.native import invariant_decode
 
-    knobs = (triton_ops.DECODE_TILE_ENV, triton_softmax.ATTN_TILE_ENV, invariant_decode.FUSE_ENV, triton_ops.USE_ENV)
+    knobs = (triton_ops.DECODE_TILE_ENV, triton_ops.LINEAR_TILE_ENV, triton_softmax.ATTN_TILE_ENV,
+             invariant_decode.FUSE_ENV, triton_ops.USE_ENV)
     result: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                     "knobs": {k: os.environ.get(k) for k in knobs}}  # unset: the defaults
     if not args.skip_tests:
