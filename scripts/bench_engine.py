@@ -132,9 +132,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if on and args.device != "cuda":
             p.error(f"{flag} runs vLLM on the GPU: it needs --device cuda (got --device {args.device})")
     if args.true_on_policy:
-        from verl_async.invariant import PROCESS_ENV
+        from verl_async.invariant.shapes import worker_env
 
-        os.environ.update(PROCESS_ENV)  # read by cuBLAS at its first call: none happened yet (CPU needs none)
+        os.environ.update(worker_env(args.device))  # CUDA without triton: cuBLAS settings, read at its first call
         args.hf = False
     if not 0.0 < args.vllm_mem <= 1.0:
         p.error(f"--vllm-mem is a fraction of GPU memory in (0, 1], got {args.vllm_mem}")

@@ -26,6 +26,8 @@ Shapes: Qwen2.5-0.5B (14 query heads, 2 KV heads of 64; vocab 151,936), spans 20
    `algos.logprob.logprobs_from_logits` (eager chunks), the chunked invariant path (64-row fixed chunks), Triton;
    the same with the entropy (`logprobs_and_entropy`); Triton from float32 logits (the engine's call).
    One process; the mode's cuBLAS settings are set (they only matter to the chunked path's GEMMs).
+`--attn-sweep` instead: each candidate attention tile (ATTN_TILES) checked for invariance and timed (training call
+and a decode batch of 64) at the first span, beside SDPA; a tile is set with VERL_ASYNC_INVARIANT_ATTN_TILE.
 
 `--smoke` runs the same code on tiny shapes (on CPU under TRITON_INTERPRET=1 when there is no GPU) to check the
 script itself.
@@ -57,6 +59,8 @@ def _args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny shapes (a check of this script)")
     p.add_argument("--skip-bench", action="store_true", help="invariance checks only")
     p.add_argument("--reps", type=int, default=10, help="timed calls per measurement (min of 3 measurements)")
+    p.add_argument("--attn-sweep", action="store_true",
+                   help="only: time and check each candidate attention tile (ATTN_TILES) at the first span")
     a = p.parse_args(argv)
     if a.smoke:
         a.spans, a.decode, a.rows, a.train_tokens, a.check_tokens, a.reps = "48,80", "1,3", "1,5,33", 160, 96, 2
@@ -272,6 +276,52 @@ def bench_attention(torch, device, shape, spans, decode, train_tokens, reps) -> 
     return out
 
 
+ATTN_TILES = [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2),
+              (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 32, 4, 3)]
+
+
+def attention_sweep(torch, device, shape, L, train_tokens, reps) -> list[dict]:
+    """Each candidate AttentionConfig (BLOCK_M, BLOCK_N, warps, stages): is it invariant (a decode batch's rows at
+    other positions, the cache NaN past each, against the trainer's call of whole sequences, bf16), and its seconds
+    per call for the training call (causal, `train_tokens` query tokens of span-long sequences) and a decode batch of
+    64 rows at the last position. A config changes the bits of engine and trainer alike: any invariant one may
+    serve (VERL_ASYNC_INVARIANT_ATTN_TILE, triton_softmax.attention_config)."""
+    import torch.nn.functional as F
+
+    from verl_async.invariant import triton_softmax
+
+    D = shape["head_dim"]
+    scale = D ** -0.5
+    S = max(1, train_tokens // L)
+    q, k, v = _trainer_qkv(torch, device, shape, S, L, torch.bfloat16, seed=11)
+    pos = torch.arange(L, device=device).expand(S, L)
+    at = torch.tensor([min(L - 1, p) for p in (0, 63, 64, L // 2 + 5, L - 1)] * S, device=device)[:S]
+    q_dec = torch.stack([q[s, :, :, int(at[s])] for s in range(S)])[:, :, :, None].contiguous()
+    k_nan, v_nan = k.clone(), v.clone()
+    for s in range(S):
+        k_nan[s, :, int(at[s]) + 1:], v_nan[s, :, int(at[s]) + 1:] = float("nan"), float("nan")
+    B = 64
+    qd, kd, vd = (t[:1].expand(B, *t.shape[1:]).contiguous() for t in (q[:, :, :, -1:], k, v))
+    posd = torch.full((B, 1), L - 1, device=device)
+    qc = q.contiguous()
+    out = [{"tile": "torch (SDPA)",
+            "train_s": _time(torch, lambda: F.scaled_dot_product_attention(
+                qc.reshape(S, -1, L, D), k, v, is_causal=True, scale=scale, enable_gqa=True), reps),
+            "decode64_s": _time(torch, lambda: F.scaled_dot_product_attention(
+                qd.reshape(B, -1, 1, D), kd, vd, scale=scale, enable_gqa=True), reps)}]
+    for tile in ATTN_TILES:
+        cfg = triton_softmax.AttentionConfig(*tile)
+        trained = triton_softmax.attention_forward(q, k, v, pos, scale, None, cfg)
+        decoded = triton_softmax.attention_forward(q_dec, k_nan, v_nan, at[:, None], scale, None, cfg)
+        want = torch.stack([trained[s, :, :, int(at[s])] for s in range(S)])
+        row = {"tile": ",".join(map(str, tile)), "invariant": bool(torch.equal(decoded[:, :, :, 0], want))}
+        row["train_s"] = _time(torch, lambda: triton_softmax.attention_forward(q, k, v, pos, scale, None, cfg), reps)
+        row["decode64_s"] = _time(torch, lambda: triton_softmax.attention_forward(qd, kd, vd, posd, scale, None, cfg),
+                                  reps)
+        out.append(row)
+    return out
+
+
 def bench_logprob(torch, device, vocab, m_list, reps) -> list[dict]:
     from verl_async.algos.logprob import logprobs_and_entropy, logprobs_from_logits
     from verl_async.invariant import triton_softmax
@@ -338,6 +388,17 @@ def main(argv=None) -> int:
     m_list = [int(x) for x in args.rows.split(",")]
     report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)",
                     "torch": torch.__version__, "triton": triton.__version__, "shape": shape, "spans": spans}
+
+    if args.attn_sweep:
+        rows = attention_sweep(torch, device, shape, spans[0], args.train_tokens, args.reps)
+        report["attention_sweep"] = rows
+        print(f"attention tiles, span {spans[0]}, {args.train_tokens} training query tokens (BLOCK_M,BLOCK_N,warps,"
+              f"stages; set one with VERL_ASYNC_INVARIANT_ATTN_TILE):")
+        for r in rows:
+            print(f"  {r['tile']:<14} invariant {str(r.get('invariant', '-')):<5} training {r['train_s'] * 1e3:8.2f} ms"
+                  f"   decode x64 {r['decode64_s'] * 1e6:8.1f} us")
+        write_report(report, args.out, "invariant_attention_sweep.json")
+        return 1 if any(r.get("invariant") is False for r in rows) else 0
 
     t0 = time.perf_counter()
     inv = check_attention(torch, device, shape, spans, decode, [torch.bfloat16, torch.float32], args.check_tokens)

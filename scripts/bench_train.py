@@ -369,9 +369,9 @@ def main(argv=None) -> int:
         args.vocab_sample = min(args.vocab_sample, 500)
         args.steps, args.warmup = min(args.steps, 2), min(args.warmup, 1)
     if args.true_on_policy:
-        from verl_async.invariant import PROCESS_ENV
+        from verl_async.invariant.shapes import worker_env
 
-        os.environ.update(PROCESS_ENV)  # the Ray workers started below inherit it (read when cuBLAS starts)
+        os.environ.update(worker_env(args.device))  # the Ray workers below inherit it (CUDA without triton: cuBLAS's)
         args.set += ["actor_rollout_ref.rollout.true_on_policy=true", f"data.max_prompt_length={args.prompt_len[1]}",
                      f"data.max_response_length={args.response_len[1]}"]
     shape = TINY if args.tiny else QWEN25_05B

@@ -5,7 +5,8 @@ Run from the repository root on the GPU machine (PYTHONPATH including the repo):
 
     python scripts/check_true_on_policy_gpu.py --out bench/true_on_policy_gpu.json
 
-1. equality: `pytest -m gpu` over the true-on-policy tests: the kernel probes at the CUDA shapes
+1. equality: `pytest -m gpu` over the true-on-policy tests (and the Triton kernels' own tests, natively): the
+   engine's decode step replayed from its CUDA graphs against the HF forward bitwise; the kernel probes at the CUDA shapes
    (tests/test_invariant_ops.py: a row's bits do not depend on its batch for linear, RMSNorm, SiLU,
    attention incl. one decode query against a longer cache, log-prob), the native engine's
    batch-invariance and engine == FSDP2 trainer bitwise for a tiny Llama in bf16 (one micro-batch,
@@ -14,7 +15,7 @@ Run from the repository root on the GPU machine (PYTHONPATH including the repo):
    batchings (tests/trainer/test_true_on_policy_property.py), every model family, and
    SmolLM2-135M-Instruct (`builtin://smollm2-135m-instruct`); the mode-off counterparts must differ.
    A failing probe names the kernel whose CUDA path depends on the batch.
-2. price, each side in a process of its own (the mode's cuBLAS workspace settings are read when
+2. price, each side in a process of its own (without triton the mode sets cuBLAS workspace settings, read when
    cuBLAS starts, so the "off" run keeps the default ones): scripts/bench_engine.py (native engine
    tokens/s on SmolLM2-135M, CUDA graphs on) and scripts/bench_train.py (FSDP2 step time, tokens/s
    and MFU on the random Qwen2.5-0.5B-shaped model, packed), with and without --true-on-policy.
@@ -35,11 +36,15 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU_TESTS = [
     "tests/test_invariant_ops.py",
+    "tests/rollout/test_native_invariant_decode.py",
     "tests/trainer/test_true_on_policy.py",
     "tests/trainer/test_true_on_policy_property.py",
     "tests/trainer/test_model_families.py::test_true_on_policy_trainer_recomputes_the_engine_log_probs_bitwise",
     "tests/test_real_model.py::test_true_on_policy_engine_and_trainer_agree_bitwise",
 ]
+# the Triton kernels' own tests: unmarked, they run natively where there is a GPU (the CPU runs them interpreted)
+KERNEL_TESTS = ["tests/test_invariant_triton.py", "tests/test_invariant_triton_softmax.py",
+                "tests/test_invariant_triton_rope.py"]
 MODEL = "builtin://smollm2-135m-instruct"
 
 
@@ -66,14 +71,18 @@ def base_env() -> dict:
 
 
 def equality(args, out_dir: str) -> dict:
-    from verl_async.invariant import PROCESS_ENV
+    from verl_async.invariant.shapes import worker_env
 
-    env = {**base_env(), **PROCESS_ENV}
+    env = {**base_env(), **worker_env("cuda")}  # with triton: none (no compared value comes from cuBLAS)
     junit = os.path.join(out_dir, "true_on_policy_gpu_tests.xml")
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", f"--junitxml={junit}",
            *GPU_TESTS]
     rc, seconds = run(cmd, env, os.path.join(out_dir, "true_on_policy_gpu_tests.log"))
-    return {"command": " ".join(cmd), "exit_status": rc, "passed": rc == 0, "seconds": seconds, "junit": junit}
+    kernels = [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider",
+               f"--junitxml={junit.replace('.xml', '_kernels.xml')}", *KERNEL_TESTS]
+    rc_k, seconds_k = run(kernels, env, os.path.join(out_dir, "true_on_policy_gpu_kernel_tests.log"))
+    return {"command": " ".join(cmd) + " ; " + " ".join(kernels), "exit_status": rc or rc_k,
+            "passed": rc == 0 and rc_k == 0, "seconds": seconds + seconds_k, "junit": junit}
 
 
 def engine_bench(args, out_dir: str, model_dir: str) -> dict:
@@ -136,7 +145,13 @@ def main(argv=None) -> int:
         raise SystemExit("no CUDA device: this script checks the GPU path (the CPU tests cover the CPU)")
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
-    result: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    from verl_async.invariant import triton_ops, triton_softmax
+    from verl_async.rollout.native import invariant_decode
+
+    knobs = (triton_ops.DECODE_TILE_ENV, triton_ops.LINEAR_TILE_ENV, triton_softmax.ATTN_TILE_ENV,
+             invariant_decode.FUSE_ENV, triton_ops.USE_ENV)
+    result: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                    "knobs": {k: os.environ.get(k) for k in knobs}}  # unset: the defaults
     if not args.skip_tests:
         result["equality"] = equality(args, out_dir)
     if not args.skip_bench:

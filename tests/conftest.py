@@ -28,10 +28,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-# true on-policy mode's cuBLAS settings (verl_async/invariant/shapes.py; CPU needs none), read when cuBLAS starts:
-# set before this process runs its first GEMM; Ray workers started by these tests inherit them
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":16:8")
-os.environ.setdefault("CUBLASLT_WORKSPACE_SIZE", "1")
+# true on-policy mode's cuBLAS settings where its CUDA numbers come from cuBLAS (no triton; verl_async/invariant/
+# shapes.py; CPU needs none), read when cuBLAS starts: set before this process runs its first GEMM; Ray workers
+# started by these tests inherit them. With triton none are set: the GPU tests then check that none are needed.
+from verl_async.invariant.shapes import worker_env  # noqa: E402
+
+for _name, _value in worker_env("cuda").items():
+    os.environ.setdefault(_name, _value)
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 

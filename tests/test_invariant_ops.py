@@ -162,8 +162,13 @@ def test_attention_gradient_is_sdpa_s():
     q, k, v = (torch.randn(S, G, n, L, D, requires_grad=True) if n else torch.randn(S, G, L, D, requires_grad=True)
                for n in (R, 0, 0))
     pos = torch.arange(L).expand(S, L)
-    _same_gradients(canonical_attention(q, k, v, pos, scale=0.3), _reference(q, k, v, pos, 0.3, None), (q, k, v),
-                    torch.randn(S, G, R, L, D))
+    grad = torch.randn(S, G, R, L, D)
+    _same_gradients(canonical_attention(q, k, v, pos, scale=0.3), _reference(q, k, v, pos, 0.3, None), (q, k, v), grad)
+    # the trainer's layout (queries at 0..L-1 over keys 0..L-1): the backward through SDPA's causal kernel, the same
+    # gradient as the masked one, and the same forward bits
+    causal = canonical_attention(q, k, v, pos, scale=0.3, causal=True)
+    assert torch.equal(causal, canonical_attention(q, k, v, pos, scale=0.3))
+    _same_gradients(causal, _reference(q, k, v, pos, 0.3, None), (q, k, v), grad)
 
 
 @pytest.mark.parametrize("device, dtype", CASES)
@@ -182,7 +187,16 @@ def test_token_log_probs_of_a_row_do_not_depend_on_the_others(device, dtype):
 
 
 def test_environment_problem_names_the_variable(monkeypatch):
+    """CPU: exact sums, no BLAS setting. CUDA's chunked path (no triton) needs cuBLAS's workspace settings, passed to
+    the workers; the Triton kernels need none (no compared value comes from cuBLAS), so none are passed."""
+    from verl_async.invariant import triton_ops
+    from verl_async.invariant.shapes import PROCESS_ENV, worker_env
+
     monkeypatch.delenv("MKL_CBWR", raising=False)
-    assert environment_problem("cpu") is None  # exact sums: no BLAS setting needed
+    assert environment_problem("cpu") is None
     monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
-    assert "CUBLASLT_WORKSPACE_SIZE=1" in environment_problem("cuda")
+    monkeypatch.setattr(triton_ops, "use_triton", lambda device: False)
+    assert "CUBLASLT_WORKSPACE_SIZE=1" in environment_problem("cuda") and "install triton" in environment_problem("cuda")
+    assert worker_env("cuda") == PROCESS_ENV
+    monkeypatch.setattr(triton_ops, "use_triton", lambda device: device.type == "cuda")
+    assert environment_problem("cuda") is None and worker_env("cuda") == {}

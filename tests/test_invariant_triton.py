@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -76,6 +77,49 @@ def test_linear_matches_torch(dtype):
     tol = {torch.float32: dict(atol=1e-4, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=8e-3)}[dtype]
     torch.testing.assert_close(got.double(), exact, **tol)
     torch.testing.assert_close(got, F.linear(x, w, b), **tol)
+
+
+@kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_calls_take_their_own_tile_and_the_same_bits(dtype, monkeypatch):
+    """A call of <= DECODE_ROWS rows (a decode step) gets the decode tile, a longer one the default; a row's bits
+    are the same either way (on a GPU: real tensor-core tiles of other shapes; K is walked in the same steps)."""
+    base = triton_ops.matmul_config(576, 576, dtype)
+    small = triton_ops.matmul_config(576, 576, dtype, rows=triton_ops.DECODE_ROWS)
+    assert triton_ops.matmul_config(576, 576, dtype, rows=triton_ops.DECODE_ROWS + 1) == base
+    assert (small.block_m, small.block_n, small.num_warps, small.num_stages) == (16, 64, 4, 4)
+    assert small.block_k == base.block_k and small != base
+    x = _rand(200, 600, dtype=dtype, seed=21)  # K: 9 full 64-steps and a partial one; N: 3 decode column tiles
+    w, b = _rand(150, 600, dtype=dtype, seed=22), _rand(150, dtype=dtype, seed=23)
+    full = triton_ops.linear_forward(x, w, b)  # the default tile
+    for m in (1, 5, 16, 64):
+        assert torch.equal(triton_ops.linear_forward(x[:m], w, b), full[:m]), m
+        assert torch.equal(triton_ops.linear_forward(x[100 : 100 + m], w, b), full[100 : 100 + m]), m
+    monkeypatch.setenv(triton_ops.DECODE_TILE_ENV, "off")
+    assert triton_ops.matmul_config(576, 576, dtype, rows=1) == base
+    monkeypatch.setenv(triton_ops.DECODE_TILE_ENV, "32,128,8,3")
+    assert triton_ops.matmul_config(576, 576, dtype, rows=1) == replace(base, block_m=32, num_warps=8)
+    monkeypatch.setenv(triton_ops.LINEAR_TILE_ENV, "128,256,8,4")  # the long calls' tile (experiments)
+    assert triton_ops.matmul_config(576, 576, dtype, rows=65) == replace(base, block_n=256, num_stages=4)
+    assert torch.equal(triton_ops.linear_forward(x, w, b), full)
+    monkeypatch.setenv(triton_ops.DECODE_TILE_ENV, "16,48,4,4")
+    with pytest.raises(ValueError, match="VERL_ASYNC_INVARIANT_DECODE_TILE='16,48,4,4': blocks must be powers"):
+        triton_ops.matmul_config(576, 576, dtype, rows=1)
+
+
+@kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adding_into_the_residual_inside_the_launch_has_torchs_bits(dtype):
+    """`add_to` (the engine's decode step: o_proj and down_proj add into the residual stream in their launch) gives
+    `residual + linear(x)` bit for bit: the product rounded to the dtype, then the sum rounded, as torch's add."""
+    x, w, b = _rand(70, 200, dtype=dtype, seed=31), _rand(150, 200, dtype=dtype, seed=32), _rand(150, dtype=dtype, seed=33)
+    res = _rand(70, 150, dtype=dtype, seed=34) * 4
+    for m in (1, 70):
+        target = res[:m].clone()
+        got = triton_ops.linear_forward(x[:m], w, b, add_to=target)
+        assert got is target and torch.equal(got, res[:m] + triton_ops.linear_forward(x[:m], w, b)), m
+    with pytest.raises(ValueError, match=r"add_to .* is not the output's"):
+        triton_ops.linear_forward(x, w, b, add_to=res.t())
 
 
 @kernels

@@ -110,6 +110,40 @@ def test_a_querys_bits_do_not_depend_on_its_launch(S, G, R, D, L, window, data):
 
 
 @kernels
+@pytest.mark.parametrize("window", [None, 8])
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stopping_after_the_last_visible_block_changes_no_bit(dtype, config, window):
+    """A tile walks keys only up to its last visible block (causal training: about half of them; decode: the keys
+    in use) and, with a window, from its first. Walking every block of the span instead gives the same bits: in a
+    block a row sees nothing of, its running max, sum and accumulator are kept by a select. The trainer's call of
+    whole sequences, and decode rows whose slots hold other (finite) values past their position."""
+    S, G, R, L, D = 2, 2, 3, 70, 16  # 16-key blocks: 5 blocks, the last partial; default 64: 2
+    q, k, v = _sequences(S, G, R, L, D, dtype, seed=5)
+    scale = D ** -0.5
+    pos = torch.arange(L, device=DEVICE).expand(S, L)
+    stop = triton_softmax.attention_forward(q, k, v, pos, scale, window, config)
+    assert torch.equal(stop, triton_softmax.attention_forward(q, k, v, pos, scale, window, config, walk_all=True))
+    at = torch.tensor([[3], [40]], device=DEVICE)
+    q_dec = torch.stack([q[0, :, :, 3], q[1, :, :, 40]])[:, :, :, None]
+    stop = triton_softmax.attention_forward(q_dec, k, v, at, scale, window, config)
+    walk = triton_softmax.attention_forward(q_dec, k, v, at, scale, window, config, walk_all=True)
+    assert torch.equal(stop, walk)
+    assert torch.equal(stop[0, :, :, 0], triton_softmax.attention_forward(q, k, v, pos, scale, window, config)[0, :, :, 3])
+
+
+def test_the_attention_tile_follows_the_head_dim_or_the_environment(monkeypatch):
+    monkeypatch.delenv(triton_softmax.ATTN_TILE_ENV, raising=False)
+    assert triton_softmax.attention_config(64) == AttentionConfig()
+    assert triton_softmax.attention_config(128) == AttentionConfig(num_warps=8)
+    monkeypatch.setenv(triton_softmax.ATTN_TILE_ENV, "128,64,8,3")
+    assert triton_softmax.attention_config(64) == AttentionConfig(128, 64, 8, 3)
+    monkeypatch.setenv(triton_softmax.ATTN_TILE_ENV, "128,64,8")
+    with pytest.raises(ValueError, match="VERL_ASYNC_INVARIANT_ATTN_TILE='128,64,8': want BLOCK_M,BLOCK_N"):
+        triton_softmax.attention_config(64)
+
+
+@kernels
 def test_a_different_key_order_changes_bits():
     """The equality checks above can fail: the same keys walked from the other end (the same sums in another
     order) give other bits for some query."""
@@ -254,6 +288,25 @@ def test_logprob_gradients_are_the_plain_formulas(with_entropy):
         (want[0] * g_logp.double()).sum().backward()
     assert ours.grad.dtype == torch.float32
     torch.testing.assert_close(ours.grad.double(), ref.grad, rtol=1e-5, atol=5e-5)
+
+
+@kernels
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_logprob_backward_kernel_is_eager_backwards_formula(dtype, temperature):
+    """One pass per row (`logprob_backward_kernel`) against `algos.logprob.eager_backward`, with the log-prob's
+    gradient, the entropy's or both, a -inf logit, and more than one vocab block."""
+    from verl_async.algos.logprob import eager_backward
+
+    x, labels = _logits(6, 300, dtype, seed=8), _labels(6, 300, seed=9)
+    x[2, 7] = float("-inf")
+    lse, logp, ent = triton_softmax._logprob_launch(x, labels, temperature, True, True, 64)
+    g_logp, g_ent = rand(6, dtype=torch.float32, seed=10), rand(6, dtype=torch.float32, seed=11)
+    for gl, ge in ((g_logp, None), (None, g_ent), (g_logp, g_ent)):
+        got = triton_softmax._logprob_backward(x, labels, lse, ent, gl, ge, temperature)
+        want = eager_backward(x, labels, lse, ent, gl, ge, temperature)
+        assert got.dtype == dtype and bool(torch.isfinite(got).all())
+        torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
 @kernels

@@ -2,16 +2,18 @@
 
 Why a row's bits cannot depend on its batch:
 - matmul: one program per [BLOCK_M, BLOCK_N] output tile, K walked in BLOCK_K steps from 0 upwards into one
-  float32 accumulator (no split-K, no stream-K, no atomics). The block sizes, warps and stages are launch
-  constants chosen from the weight's shape and dtype, never from M, so every row meets the same compiled kernel
-  and the same sequence of `tl.dot`s, whatever rows share its tile and wherever it sits in it. Rows past M are
-  loaded as zeros; they change no other row. M is not specialized (`do_not_specialize`): a call with M == 1
-  compiles the same kernel as M == 4096.
+  float32 accumulator (no split-K, no stream-K, no atomics). BLOCK_K is chosen from the weight's dtype alone, so
+  every output is the same sequence of `tl.dot`s over the same K slices, whatever rows share its tile and wherever
+  it sits in it. Rows past M are loaded as zeros; they change no other row. M is not specialized
+  (`do_not_specialize`). The tile's M and N sizes, warps and stages are a decode call's own (`matmul_config`: a
+  few rows spread over more programs): on a GPU `tl.dot` chains each output's products in K order whatever the
+  tile (measured: BLOCK_M 128/64/32/16 give equal bits; `triton_ops.DECODE_TILE_ENV=off` keeps one tile).
 - RMSNorm: one program per row; the row's squares are added into a BLOCK-wide float32 vector chunk by chunk in
   order and the vector reduced once by `tree_sum` (a pairwise tree over logical indices, fixed by BLOCK, a
   function of the hidden size only; `tl.sum`'s order would follow the register layout, which the compiler picks
   from the input's dtype and alignment).
 - attention and the sampled-token log-prob: see `triton_softmax` and the kernels' docstrings.
+- rotary (`rope_cache_kernel`, `invariant.rope`): elementwise, each element rounded where HF's formula rounds it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import triton.language as tl
 def linear_kernel(x_ptr, w_ptr, b_ptr, o_ptr, M, N, K,
                   stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  ADD_TO_OUT: tl.constexpr):
     # Grouped tile order (tiles of GROUP_M row blocks share weight tiles in L2): which program computes a tile
     # never changes what the tile's arithmetic is.
     pid = tl.program_id(0)
@@ -61,7 +64,11 @@ def linear_kernel(x_ptr, w_ptr, b_ptr, o_ptr, M, N, K,
         bias = tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
     o_ptrs = o_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=row_ok & col_ok)
+    out = acc.to(o_ptr.dtype.element_ty)
+    if ADD_TO_OUT:  # out += x @ w.T as torch's `residual + linear(x)`: the product rounded, then the sum rounded
+        res = tl.load(o_ptrs, mask=row_ok & col_ok, other=0.0)
+        out = round_to(res.to(tl.float32) + out.to(tl.float32), o_ptr.dtype.element_ty)
+    tl.store(o_ptrs, out, mask=row_ok & col_ok)
 
 
 @triton.jit
@@ -102,12 +109,13 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, M, L, R, G, n_tiles, s
                      sq_s, sq_g, sq_r, sq_m, sk_s, sk_g, sk_l, sv_s, sv_g, sv_l, sp_s, sp_m,
                      so_s, so_g, so_r, so_m,
                      D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                     HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, WALK_ALL: tl.constexpr):
     """One program per (sequence, KV head, tile of BLOCK_M query rows); rows are (position m, head r) pairs, row
     m * R + r, so decode's R heads of one position share a tile. Keys go by in BLOCK_N blocks from 0 upwards with
     an online softmax in float32. A block in which a row sees no key leaves that row's state untouched (a select,
     not arithmetic that happens to give the same value), so a tile may stop at its last visible block and start at
-    its first: each row's result is the sequence of its own visible blocks, whatever rows share the tile."""
+    its first: each row's result is the sequence of its own visible blocks, whatever rows share the tile.
+    WALK_ALL (tests only): every tile walks all L keys, to show that stopping early changes no bit."""
     pid = tl.program_id(0)
     tile = pid % n_tiles
     sg = pid // n_tiles
@@ -124,7 +132,9 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, M, L, R, G, n_tiles, s
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     # The keys any row of the tile sees: [lo, hi) (rows past M*R sit at -1 and see none).
     hi = tl.minimum(tl.max(pos, axis=0) + 1, L).to(tl.int32)
-    if HAS_WINDOW:
+    if WALK_ALL:
+        hi = L + hi * 0
+    if HAS_WINDOW and not WALK_ALL:
         lo = tl.maximum(tl.min(tl.where(row_ok, pos, hi), axis=0) - window + 1, 0).to(tl.int32)
     else:
         lo = hi * 0
@@ -209,3 +219,91 @@ def logprob_kernel(x_ptr, label_ptr, lse_ptr, logp_ptr, ent_ptr, N, V, stride_x,
         tl.store(logp_ptr + row, xl - lse)
     if WITH_ENT:
         tl.store(ent_ptr + row, lse - tl.math.div_rn(tree_sum(t, BLOCK, LOG_BLOCK), total))
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """float32 x rounded once to DTYPE, to nearest even (as torch's casts). bfloat16 by its bits: Triton's
+    interpreter truncates a float32 -> bfloat16 cast, a GPU rounds it; this gives both the GPU's (NaN kept)."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return tl.where(x == x, bits.to(tl.float32, bitcast=True), x).to(tl.bfloat16)
+    return x.to(DTYPE)
+
+
+@triton.jit
+def _rotate_store(src, dst, j, ok, c1, c2, s1, s2, HALF: tl.constexpr, DTYPE: tl.constexpr):
+    """HF's `x * cos + rotate_half(x) * sin` for one head: each product and the sum rounded to DTYPE
+    (16-bit inputs: the float32 products are exact, so each is rounded once, as torch's ops do)."""
+    x1 = tl.load(src + j, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + j, mask=ok, other=0.0).to(tl.float32)
+    lo = round_to(x1 * c1, DTYPE).to(tl.float32) + round_to((-x2) * s1, DTYPE).to(tl.float32)
+    hi = round_to(x2 * c2, DTYPE).to(tl.float32) + round_to(x1 * s2, DTYPE).to(tl.float32)
+    tl.store(dst + j, round_to(lo, DTYPE), mask=ok)
+    tl.store(dst + HALF + j, round_to(hi, DTYPE), mask=ok)
+
+
+@triton.jit
+def rope_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, kc_ptr, vc_ptr, H,
+                      sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sc_b, ss_b, so_b, so_h,
+                      skc_s, skc_g, skc_l, svc_s, svc_g, svc_l,
+                      HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per (row b, head): query heads 0..H-1 rotated into qo; KV head g = head - H rotated into the
+    key cache at (slot b, g, position pos[b]), its value copied into the value cache there."""
+    b = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    j = tl.arange(0, BLOCK)
+    ok = j < HALF
+    c1 = tl.load(cos_ptr + b * sc_b + j, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + b * sc_b + HALF + j, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + b * ss_b + j, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + b * ss_b + HALF + j, mask=ok, other=0.0).to(tl.float32)
+    dtype = qo_ptr.dtype.element_ty
+    if head < H:
+        _rotate_store(q_ptr + b * sq_b + head * sq_h, qo_ptr + b * so_b + head * so_h, j, ok, c1, c2, s1, s2,
+                      HALF, dtype)
+    else:
+        g = (head - H).to(tl.int64)
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        _rotate_store(k_ptr + b * sk_b + g * sk_h, kc_ptr + b * skc_s + g * skc_g + pos * skc_l, j, ok,
+                      c1, c2, s1, s2, HALF, dtype)
+        v_src = v_ptr + b * sv_b + g * sv_h
+        v_dst = vc_ptr + b * svc_s + g * svc_g + pos * svc_l
+        tl.store(v_dst + j, tl.load(v_src + j, mask=ok), mask=ok)
+        tl.store(v_dst + HALF + j, tl.load(v_src + HALF + j, mask=ok), mask=ok)
+
+
+@triton.jit(do_not_specialize=["N"])
+def logprob_backward_kernel(x_ptr, label_ptr, lse_ptr, ent_ptr, glogp_ptr, gent_ptr, gx_ptr, N, V, stride_x,
+                            stride_g, inv_t, HAS_LOGP: tl.constexpr, HAS_ENT: tl.constexpr, SCALE: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    """The logits' gradient of `logprob_kernel`'s outputs, one program per row in one pass over the vocab (what
+    `algos.logprob.eager_backward` computes in ~10 passes over float32 copies): with p = exp(x / T - lse),
+    d logp / dx = (onehot(label) - p) / T and d H / dx = p (E_p[x] - x) / T, E_p[x] = lse - H. A gradient need
+    not match anything bit for bit."""
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * stride_x
+    out = gx_ptr + row * stride_g
+    cols = tl.arange(0, BLOCK)
+    lse = tl.load(lse_ptr + row)
+    if HAS_ENT:
+        mean_x = lse - tl.load(ent_ptr + row)
+        g_ent = tl.load(gent_ptr + row)
+    if HAS_LOGP:
+        g_logp = tl.load(glogp_ptr + row)
+        label = tl.load(label_ptr + row)
+    for start in range(0, V, BLOCK):
+        ok = start + cols < V
+        x = tl.load(base + start + cols, mask=ok, other=0.0).to(tl.float32)
+        if SCALE:
+            x = x * inv_t
+        p = tl.exp(x - lse)
+        g = tl.zeros((BLOCK,), dtype=tl.float32)
+        if HAS_ENT:
+            g = p * tl.where(p > 0, mean_x - x, 0.0) * g_ent  # a -inf logit: p = 0 and no 0 * inf
+        if HAS_LOGP:
+            g = g - p * g_logp + tl.where(start + cols == label, g_logp, 0.0)
+        if SCALE:
+            g = g * inv_t
+        tl.store(out + start + cols, g.to(gx_ptr.dtype.element_ty), mask=ok)

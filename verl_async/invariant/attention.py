@@ -18,7 +18,8 @@ tiles (`triton_softmax.attention_forward`: keys in fixed blocks from 0 upwards, 
 query does not see skipped for it exactly), so neither side pads its keys to the span.
 
 Training needs gradients: `CanonicalAttention` returns this forward and differentiates the same
-function through torch's SDPA with the same mask (a gradient need not match bit for bit).
+function through torch's SDPA with the same mask (a gradient need not match bit for bit); the trainer's
+layout without a window is SDPA's causal mask, and its flash kernel serves.
 
 `attention_forward` is the transformers attention interface (registered as `ATTENTION_NAME`).
 It reads the layout from what the caller passes: a 4-D mask means the native engine's slot
@@ -138,14 +139,19 @@ def _attend_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
     return out
 
 
-def _reference(q, k, v, q_pos, scale, window):
-    """The same attention through SDPA (differentiable, any device): the backward's function."""
+def _reference(q, k, v, q_pos, scale, window, causal=False):
+    """The same attention through SDPA (differentiable, any device): the backward's function. `causal`: every
+    sequence's queries sit at positions 0..M-1 over keys 0..M-1 without a window (the trainer's layout), so the
+    mask is SDPA's own causal one and its flash kernel serves (a masked call takes a slower kernel over every key)."""
     S, G, R, M, D = q.shape
-    mask = _allowed(q_pos, k.shape[2], window)[:, None]  # [S, 1, M, L]
     qh = q.reshape(S, G * R, M, D)
     kh = k.repeat_interleave(R, dim=1) if R > 1 else k
     vh = v.repeat_interleave(R, dim=1) if R > 1 else v
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    if causal:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    else:
+        mask = _allowed(q_pos, k.shape[2], window)[:, None]  # [S, 1, M, L]
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
     return out.view(S, G, R, M, D)
 
 
@@ -153,9 +159,9 @@ class CanonicalAttention(torch.autograd.Function):
     """Forward: `_attend` (batch-invariant). Backward: the gradient of the same attention via SDPA."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, scale, window, tile, span):  # type: ignore[override]
+    def forward(ctx, q, k, v, q_pos, scale, window, tile, span, causal):  # type: ignore[override]
         ctx.save_for_backward(q, k, v, q_pos)
-        ctx.scale, ctx.window = scale, window
+        ctx.scale, ctx.window, ctx.causal = scale, window, causal
         return _attend(q, k, v, q_pos, scale, window, tile, span)
 
     @staticmethod
@@ -163,22 +169,26 @@ class CanonicalAttention(torch.autograd.Function):
         q, k, v, q_pos = ctx.saved_tensors
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_(need) for t, need in zip((q, k, v), ctx.needs_input_grad[:3])]
-            out = _reference(*leaves, q_pos, ctx.scale, ctx.window)
+            out = _reference(*leaves, q_pos, ctx.scale, ctx.window, ctx.causal)
             wanted = [t for t in leaves if t.requires_grad]
             grads = iter(torch.autograd.grad(out, wanted, grad)) if wanted else iter(())
-        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None, None, None, None)
+        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None, None, None, None, None)
 
 
 def canonical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, *, scale: float,
-                        window: Optional[int] = None, span: Optional[int] = None) -> torch.Tensor:
+                        window: Optional[int] = None, span: Optional[int] = None,
+                        causal: bool = False) -> torch.Tensor:
     """q [S, G, R, M, D], k/v [S, G, L, D], q_pos [S, M] -> [S, G, R, M, D] (on CUDA M is padded to the tile).
 
     `span` (default L): the key slots both sides attend over. On CPU L may be shorter (keys past every
-    query's position left out, same bits); on CUDA L must be the span."""
+    query's position left out, same bits); on CUDA L must be the span. `causal` (the caller's word, not
+    checked: a check would wait on the device): q_pos[s] is 0..M-1, L == M and no window, so the backward
+    takes SDPA's causal kernel; the forward's bits are the same either way."""
     tile = shapes_for(q.device).attn_tile
     span = int(k.shape[2] if span is None else span)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return CanonicalAttention.apply(q, k, v, q_pos, float(scale), window, tile, span)
+        causal = bool(causal) and window is None and k.shape[2] == q.shape[3]
+        return CanonicalAttention.apply(q, k, v, q_pos, float(scale), window, tile, span, causal)
     return _attend(q, k, v, q_pos, float(scale), window, tile, span)  # the engine: no autograd bookkeeping
 
 
@@ -223,7 +233,7 @@ def _token_layout(q_tok, k_tok, v_tok, seq, pos, num_seqs, span, scale, window):
     k = kc.view(num_seqs, L, G, D).transpose(1, 2)
     v = vc.view(num_seqs, L, G, D).transpose(1, 2)
     q_pos = torch.arange(M, device=q_tok.device).expand(num_seqs, M)
-    out = canonical_attention(q, k, v, q_pos, scale=scale, window=window, span=span)  # [S, G, R, M, D]
+    out = canonical_attention(q, k, v, q_pos, scale=scale, window=window, span=span, causal=True)  # [S, G, R, M, D]
     return out.permute(0, 3, 1, 2, 4).reshape(num_seqs * M, H, D).index_select(0, q_index)
 
 

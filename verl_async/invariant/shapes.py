@@ -16,6 +16,10 @@ the last chunk, so row r gets the same bits whatever else shares its call and wh
 cuBLAS(Lt) may split K across thread blocks (split-K, stream-K) using its workspace; a workspace
 of 1 KiB leaves only kernels that reduce each output in one block (PROCESS_ENV, read when cuBLAS
 starts: the pipeline passes it to its Ray workers). scripts/check_true_on_policy_gpu.py probes it.
+With triton no forward value that engine and trainer compare comes from cuBLAS (the rotary table's
+`inv_freq @ positions` has K = 1: one product, exact in any kernel), so the process keeps cuBLAS's
+default settings: the backward's GEMMs (weight gradients with K = tokens, few output tiles) keep
+their split-K kernels (`worker_env`, `environment_problem`).
 """
 
 from __future__ import annotations
@@ -41,11 +45,19 @@ def cpu_capability() -> str:
     return str(torch.backends.cpu.get_cpu_capability())
 
 
+def _needs_cublas_settings(device_kind: str) -> bool:
+    """Whether the mode's numbers on `device_kind` come from cuBLAS: CUDA without the Triton kernels."""
+    from verl_async.invariant import triton_ops
+
+    return device_kind != "cpu" and not triton_ops.use_triton(torch.device("cuda" if device_kind == "cuda" else "cpu"))
+
+
 def worker_env(device_kind: str) -> dict[str, str]:
-    """What the pipeline sets in its Ray workers' environment for the mode on `device_kind`."""
+    """What the pipeline sets in its Ray workers' environment for the mode on `device_kind` (CUDA with triton:
+    nothing; a worker that cannot take the Triton path then refuses in `environment_problem`)."""
     if device_kind == "cpu":
         return {CPU_CAPABILITY_ENV: cpu_capability()}
-    return dict(PROCESS_ENV)
+    return dict(PROCESS_ENV) if _needs_cublas_settings(device_kind) else {}
 
 
 @dataclass(frozen=True)
@@ -87,9 +99,11 @@ def environment_problem(device_kind: str) -> Optional[str]:
             return (f"actor_rollout_ref.rollout.true_on_policy: this worker's CPU runs torch's {cpu_capability()} "
                     f"kernels and the driver's {want}: engine and trainer must run on CPUs of one capability")
         return None
+    if not _needs_cublas_settings(device_kind):
+        return None
     wrong = [n for n in PROCESS_ENV if os.environ.get(n) != PROCESS_ENV[n]]
     if not wrong:
         return None
     want = " ".join(f"{n}={PROCESS_ENV[n]}" for n in wrong)
     return (f"actor_rollout_ref.rollout.true_on_policy: this process was started without {want} (its BLAS "
-            f"reads it at start-up); start it with that environment")
+            f"reads it at start-up); start it with that environment, or install triton (its kernels need none)")

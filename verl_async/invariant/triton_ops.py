@@ -17,8 +17,9 @@ check the kernels' indexing and invariance logic; GPU numerics are checked by th
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -40,11 +41,49 @@ class MatmulConfig:
     num_stages: int = 3
 
 
-def matmul_config(out_features: int, in_features: int, dtype: torch.dtype) -> MatmulConfig:
+def matmul_config(out_features: int, in_features: int, dtype: torch.dtype, rows: Optional[int] = None) -> MatmulConfig:
     """The config for a weight [out_features, in_features] of `dtype` (16-bit: tensor-core tiles; float32: the
-    IEEE dot, a shorter K step to bound shared memory)."""
+    IEEE dot, a shorter K step to bound shared memory), and for a call of `rows` rows: up to DECODE_ROWS (a decode
+    step) smaller tiles (`decode_tile`), so that a few rows spread the weight over many programs. The K step, the
+    one float32 accumulator and the order of K never change with `rows`: an output's sum is the same sequence of
+    `tl.dot`s whatever the tile (measured on an H200: BLOCK_M 128/64/32/16 give equal bits;
+    scripts/bench_invariant_triton.py --decode-sweep checks each decode tile against the default and times it)."""
     del out_features, in_features  # one config per dtype today; a per-shape table may come after GPU tuning
-    return MatmulConfig(block_k=32) if dtype == torch.float32 else MatmulConfig()
+    base = MatmulConfig(block_k=32) if dtype == torch.float32 else MatmulConfig()
+    if rows is not None and rows <= DECODE_ROWS:
+        tile = decode_tile()
+    else:  # experiments: another tile for the long calls (training, prefill), the K step still the dtype's
+        tile = parse_tile(LINEAR_TILE_ENV, os.environ.get(LINEAR_TILE_ENV, ""))
+    if tile is None:
+        return base
+    return replace(base, block_m=tile[0], block_n=tile[1], num_warps=tile[2], num_stages=tile[3])
+
+
+DECODE_ROWS = 64
+DECODE_TILE_ENV = "VERL_ASYNC_INVARIANT_DECODE_TILE"
+LINEAR_TILE_ENV = "VERL_ASYNC_INVARIANT_LINEAR_TILE"  # the tile of calls of more rows (default: MatmulConfig's)
+DECODE_TILE = "16,64,4,4"  # BLOCK_M, BLOCK_N, num_warps, num_stages of a call of <= DECODE_ROWS rows
+
+
+def decode_tile() -> Optional[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of decode-sized calls: VERL_ASYNC_INVARIANT_DECODE_TILE
+    (default DECODE_TILE; "off": the default tile for every row count). Engine and trainer read one environment."""
+    return parse_tile(DECODE_TILE_ENV, os.environ.get(DECODE_TILE_ENV, DECODE_TILE))
+
+
+@functools.cache
+def parse_tile(name: str, spec: str) -> Optional[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) from the value `spec` of environment variable `name`; None for
+    "off" (or empty); a bad value is refused naming the variable."""
+    if spec.strip().lower() in ("", "0", "off", "none"):
+        return None
+    try:
+        bm, bn, warps, stages = (int(v) for v in spec.split(","))
+    except ValueError:
+        raise ValueError(f"{name}={spec!r}: want BLOCK_M,BLOCK_N,num_warps,num_stages or off") from None
+    if min(bm, bn) < 16 or bm & (bm - 1) or bn & (bn - 1) or warps not in (1, 2, 4, 8) or stages < 1:
+        raise ValueError(f"{name}={spec!r}: blocks must be powers of two >= 16, warps 1/2/4/8, stages >= 1")
+    return bm, bn, warps, stages
 
 
 USE_ENV = "VERL_ASYNC_INVARIANT_TRITON"
@@ -58,11 +97,9 @@ def use_triton(device: torch.device) -> bool:
 
 @functools.cache
 def _importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """triton is installed (found, not imported: `shapes.worker_env` asks at start-up, and an import then would fix
+    Triton's interpreter setting before a test can choose it; a broken install fails at the first kernel, named)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def triton_problem(device: torch.device | str) -> Optional[str]:
@@ -103,9 +140,11 @@ def _check(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
 
 
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                   config: Optional[MatmulConfig] = None) -> torch.Tensor:
+                   config: Optional[MatmulConfig] = None, add_to: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`x @ weight.T (+ bias)` in one launch, each row's bits independent of the other rows (x's leading dims are
-    rows). `config`: only for experiments (the default is `matmul_config` of the weight)."""
+    rows). `config`: only for experiments (the default is `matmul_config` of the weight). `add_to` (a contiguous
+    tensor of the output's shape and dtype): the result is added into it in place, with the bits of
+    `add_to + linear(x)` (the decode step's residual add, one launch fewer); returns `add_to`."""
     _check("triton linear", x, weight, bias)
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"triton linear: input [..., {x.shape[-1]}] does not fit weight {tuple(weight.shape)}")
@@ -113,10 +152,16 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         raise TypeError(f"triton linear: input {x.dtype}, weight {weight.dtype}, bias "
                         f"{None if bias is None else bias.dtype}: one dtype expected")
     n_out, k = weight.shape
-    cfg = config or matmul_config(n_out, k, weight.dtype)
     x2d = x.reshape(-1, k)
     m = x2d.shape[0]
-    result = torch.empty((*x.shape[:-1], n_out), dtype=x.dtype, device=x.device)  # not a view: FSDP2 hooks outputs
+    cfg = config or matmul_config(n_out, k, weight.dtype, m)
+    if add_to is None:
+        result = torch.empty((*x.shape[:-1], n_out), dtype=x.dtype, device=x.device)  # not a view: FSDP2 hooks it
+    elif add_to.shape != (*x.shape[:-1], n_out) or add_to.dtype != x.dtype or not add_to.is_contiguous():
+        raise ValueError(f"triton linear: add_to {add_to.dtype} {tuple(add_to.shape)} (contiguous: "
+                         f"{add_to.is_contiguous()}) is not the output's {x.dtype} {(*x.shape[:-1], n_out)}")
+    else:
+        result = add_to
     out = result.view(m, n_out)
     if m > 0 and n_out > 0:
         interpreted = x.device.type == "cpu"  # (CPU runs only under the interpreter: triton_problem)
@@ -127,7 +172,7 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
             HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or interpreted,
             UPCAST=interpreted and x.dtype != torch.float32,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            ADD_TO_OUT=add_to is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return result
 
 

@@ -15,19 +15,21 @@ fixed reduction order (`_triton_kernels.attention_kernel`, `logprob_kernel`):
   maximum and per-lane sums added once at the end; log-prob, log-sum-exp and optionally entropy in one pass.
 
 Backward passes are the plain formulas (a gradient need not match anything bit for bit): attention's through
-SDPA (`attention.CanonicalAttention`), the log-prob's through `algos.logprob.eager_backward`. Taken on CUDA when
+SDPA (`attention.CanonicalAttention`), the log-prob's formula (`algos.logprob.eager_backward`'s) in one Triton pass per row
+(`logprob_backward_kernel`). Taken on CUDA when
 `triton_ops.use_triton` holds (VERL_ASYNC_INVARIANT_TRITON=0 keeps the chunked path); on CPU only under Triton's
 interpreter (tests).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from verl_async.algos.logprob import eager_backward, flatten_checked, normalize_temperature
+from verl_async.algos.logprob import flatten_checked, normalize_temperature
 from verl_async.invariant import triton_ops
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -44,9 +46,17 @@ class AttentionConfig:
     num_stages: int = 2
 
 
+ATTN_TILE_ENV = "VERL_ASYNC_INVARIANT_ATTN_TILE"  # BLOCK_M,BLOCK_N,num_warps,num_stages for every head dim
+
+
 def attention_config(head_dim: int) -> AttentionConfig:
     """The config for heads of `head_dim`: past 64, 8 warps, and past 128 a shorter key block (compiled for sm_90
-    with Triton 3.6, 4 warps spill registers at D = 80 and 128; these do not)."""
+    with Triton 3.6, 4 warps spill registers at D = 80 and 128; these do not). VERL_ASYNC_INVARIANT_ATTN_TILE
+    overrides it (experiments: scripts/bench_invariant_triton_softmax.py --attn-sweep times the candidates); it
+    changes the bits of engine and trainer alike, so both must run with the same value."""
+    tile = triton_ops.parse_tile(ATTN_TILE_ENV, os.environ.get(ATTN_TILE_ENV, ""))
+    if tile is not None:
+        return AttentionConfig(*tile)
     if head_dim > 128:
         return AttentionConfig(block_n=32, num_warps=8)
     return AttentionConfig(num_warps=8) if head_dim > 64 else AttentionConfig()
@@ -81,11 +91,14 @@ def _check_attention(q, k, v, q_pos) -> None:
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
-                      window: Optional[int] = None, config: Optional[AttentionConfig] = None) -> torch.Tensor:
+                      window: Optional[int] = None, config: Optional[AttentionConfig] = None,
+                      walk_all: bool = False) -> torch.Tensor:
     """q [S, G, R, M, D], k/v [S, G, L, D], q_pos [S, M] -> [S, G, R, M, D] in q's dtype: query (s, g, r, m) at
     position q_pos[s, m] attends to keys k <= position (and > position - window) of sequence s, head g, over
     `attention._allowed`'s mask, its bits independent of every other query and sequence in the call.
-    `config`: only for experiments (the default is `attention_config` of D)."""
+    `config`: only for experiments (the default is `attention_config` of D). `walk_all` (tests): every tile walks
+    all L keys instead of stopping after its last visible block (the same bits: a block a row does not see leaves
+    its state untouched)."""
     _check_attention(q, k, v, q_pos)
     S, G, R, M, D = q.shape
     L = k.shape[2]
@@ -102,6 +115,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: 
         q, k, v, q_pos, out, M, L, R, G, n_tiles, float(scale), int(window or 0),
         *q.stride()[:4], *k.stride()[:3], *v.stride()[:3], *q_pos.stride(), *out.stride()[:4],
         D=D, BLOCK_D=_head_block(D), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_WINDOW=bool(window),
+        WALK_ALL=bool(walk_all),
         IEEE=q.dtype == torch.float32 or interpreted, UPCAST=interpreted and q.dtype != torch.float32,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
@@ -137,8 +151,25 @@ def _logprob_launch(flat: torch.Tensor, labels: torch.Tensor, temperature: float
     return lse, logp, ent
 
 
+def _logprob_backward(flat, labels, lse, ent, g_logp, g_ent, temperature):
+    """The logits' gradient [N, V] in flat's dtype: one Triton pass per row (`logprob_backward_kernel`) instead of
+    `algos.logprob.eager_backward`'s ~10 passes over float32 chunk copies (the same formula)."""
+    n, vocab = flat.shape
+    flat = flat if flat.stride(-1) == 1 else flat.contiguous()
+    grad = torch.empty((n, vocab), dtype=flat.dtype, device=flat.device)
+    if n == 0:
+        return grad
+    block, warps = vocab_block(vocab)
+    triton_ops._kernels().logprob_backward_kernel[(n,)](
+        flat, labels, lse, ent if ent is not None else lse, g_logp if g_logp is not None else lse,
+        g_ent if g_ent is not None else lse, grad, n, vocab, flat.stride(0), grad.stride(0), 1.0 / temperature,
+        HAS_LOGP=g_logp is not None, HAS_ENT=g_ent is not None, SCALE=temperature != 1.0, BLOCK=block,
+        num_warps=warps)
+    return grad
+
+
 class _TokenLogProb(torch.autograd.Function):
-    """Forward: the invariant kernel; backward: the chunked torch formula (`eager_backward`)."""
+    """Forward: the invariant kernel; backward: one Triton pass per row (`_logprob_backward`)."""
 
     @staticmethod
     def forward(ctx, flat, labels, temperature, with_entropy, block):  # type: ignore[override]
@@ -153,7 +184,9 @@ class _TokenLogProb(torch.autograd.Function):
         flat, labels, lse, ent = ctx.saved_tensors
         if g_logp is None and g_ent is None:
             return None, None, None, None, None
-        grad = eager_backward(flat, labels, lse, ent, g_logp, g_ent, ctx.temperature)
+        g_logp = None if g_logp is None else g_logp.float().contiguous()
+        g_ent = None if g_ent is None else g_ent.float().contiguous()
+        grad = _logprob_backward(flat, labels, lse, ent, g_logp, g_ent, ctx.temperature)
         return grad, None, None, None, None
 
 

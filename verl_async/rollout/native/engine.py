@@ -107,7 +107,7 @@ class NativeEngine(InferenceEngine):
     models with fewer kernels (runner.py). `check_finite_weights` rejects NaN/Inf in update_weights.
     `true_on_policy` (actor_rollout_ref.rollout.true_on_policy): the model runs the trainer's
     batch-invariant kernels (verl_async.invariant; the model is patched in place) and reports the
-    log-prob the trainer recomputes, bit for bit; fast_decode is then off, compile_decode refused.
+    log-prob the trainer recomputes, bit for bit; fast_decode then means invariant_decode.py, compile_decode refused.
     """
 
     name = "native"

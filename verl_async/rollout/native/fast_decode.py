@@ -60,8 +60,9 @@ def _norm_problem(norm: Optional[torch.nn.Module], name: str) -> Optional[str]:
     return None
 
 
-def fast_decode_problem(model: torch.nn.Module) -> Optional[str]:
-    """None when `FastDecoder` computes exactly what this model's HF forward computes, else why not (one line)."""
+def fast_decode_problem(model: torch.nn.Module, attention: tuple[str, ...] = FAST_DECODE_ATTENTION) -> Optional[str]:
+    """None when `FastDecoder` computes exactly what this model's HF forward computes, else why not (one line).
+    `attention`: the attention implementations the decoder stands in for (true on-policy mode: its own)."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in FAST_DECODE_MODEL_TYPES:
@@ -69,8 +70,8 @@ def fast_decode_problem(model: torch.nn.Module) -> Optional[str]:
     if (getattr(config, "pretraining_tp", 1) or 1) != 1:
         return f"pretraining_tp={config.pretraining_tp} (sliced projections) is not supported"
     impl = getattr(config, "_attn_implementation", None)
-    if impl not in FAST_DECODE_ATTENTION:
-        return f"attention implementation {impl!r} is not one of {FAST_DECODE_ATTENTION}"
+    if impl not in attention:
+        return f"attention implementation {impl!r} is not one of {attention}"
     inner = getattr(model, "model", None)
     for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
         if getattr(inner, name, None) is None:
@@ -248,8 +249,8 @@ class FastDecoder:
     """
 
     def __init__(self, model: torch.nn.Module, cache: SlotKVCache, layer_types: list[str], *,
-                 fuse_projections: bool = True) -> None:
-        problem = fast_decode_problem(model)
+                 fuse_projections: bool = True, attention: tuple[str, ...] = FAST_DECODE_ATTENTION) -> None:
+        problem = fast_decode_problem(model, attention)
         if problem is not None:
             raise ValueError(f"fast decode: {problem}")
         config, inner = model.config, model.model

@@ -14,11 +14,12 @@ weights, ~14 instead of ~43 kernels per layer expected on CUDA, q/k/v and gate/u
 models decode through the HF forward.
 
 `true_on_policy_span` (true on-policy mode, verl_async.invariant): the model is patched with the
-batch-invariant kernels the trainer uses, prefill and decode both run the HF forward (no
-FastDecoder, no torch.compile: fusions change the arithmetic), cache slots hold `span` positions
-and on CUDA every decode step attends over all of them (one KV length: the attention's reductions
-have the trainer's shapes; on CPU its sums are exact, so a step reads only the keys in use). CUDA
-graphs stay: they replay those same kernels.
+batch-invariant kernels the trainer uses; prefill runs the HF forward, decode (with `fast_decode`)
+invariant_decode.InvariantDecoder: the same kernels on the same values in fewer launches, no masks
+(no torch.compile, no FastDecoder fusions: they change the arithmetic). Cache slots hold `span`
+positions; on CUDA every decode step has that one KV length (one graph per batch bucket; the
+attention kernel reads each row's position from the device and stops at its last key), on CPU a
+step reads only the keys in use (exact sums). CUDA graphs replay those same kernels.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from typing import Callable, Optional
 import torch
 
 from verl_async.invariant import make_invariant
-from verl_async.rollout.native.fast_decode import FastDecoder, fast_decode_problem
+from verl_async.invariant.attention import ATTENTION_NAME
+from verl_async.rollout.native.fast_decode import FAST_DECODE_ATTENTION, FastDecoder, fast_decode_problem
+from verl_async.rollout.native.invariant_decode import InvariantDecoder
 from verl_async.rollout.native.kv_cache import SlotKVCache, decode_masks, prefill_masks
 from verl_async.utils.device import DeviceSpec
 
@@ -101,7 +104,7 @@ class ModelRunner:
                 raise ValueError("native engine: compile_decode cannot run in true on-policy mode (fusions change the "
                                  "arithmetic); drop engine_kwargs.native.compile_decode")
             make_invariant(model, true_on_policy_span, keep_weight_grids=True)
-            slot_len, fast_decode = int(true_on_policy_span), False
+            slot_len = int(true_on_policy_span)
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in SUPPORTED_ATTENTION and not self.invariant:
             raise ValueError(
@@ -134,8 +137,10 @@ class ModelRunner:
         # The decode step: FastDecoder (few kernels, same numbers) when the model is one it knows, else HF's forward.
         self._fast: Optional[FastDecoder] = None
         if fast_decode:
-            problem = fast_decode_problem(model)
-            if problem is None:
+            problem = fast_decode_problem(model, (ATTENTION_NAME,) if self.invariant else FAST_DECODE_ATTENTION)
+            if problem is None and self.invariant:
+                self._fast = InvariantDecoder(model, self.cache, self.layer_types, slot_len, self.sliding_window)
+            elif problem is None:
                 self._fast = FastDecoder(model, self.cache, self.layer_types)
             else:
                 logger.info("native engine: fast decode off, decoding through the HF forward: %s", problem)
@@ -256,6 +261,8 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ decode
     def _forward_decode(self, ids: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        if isinstance(self._fast, InvariantDecoder):  # masks itself from the positions
+            return self._fast(ids, positions, None, kv_len)
         masks = decode_masks(
             positions,
             kv_len,
