@@ -79,7 +79,7 @@ train() {  # train [vllm-]MODE SEED
   if [ "$mode" = gsm8k ]; then  # the longest GSM8K train prompt is 268 tokens with this chat template
     data=$GSM8K plen=${PROMPT_LEN:-400} resp=${GSM8K_RESPONSE:-384} steps=${GSM8K_STEPS:-40}
   fi
-  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  if [ "$(visible_gpus)" -ge 2 ]; then  # CUDA_VISIBLE_DEVICES honoured (session.sh)
     layout="rollout.colocate=false async_training.sync_transport=nccl"
   else
     layout="rollout.colocate=true async_training.sync_transport=object_store"

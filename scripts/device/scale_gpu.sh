@@ -20,7 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/device/session.sh
 source scripts/device/session.sh && device_session scale
-NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+NGPU=$(visible_gpus)  # CUDA_VISIBLE_DEVICES honoured (session.sh)
 status=0
 
 bench() {  # bench TAG SHAPE CFGS
