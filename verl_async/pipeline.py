@@ -120,9 +120,7 @@ def ray_init(cfg: Any) -> bool:
     Returns True when this process started Ray (and should shut it down).
 
     Start-up: a local Ray whose runtime_env is environment variables only gets them by inheritance (its
-    processes start from this one's environment) instead of as a job runtime_env, so that the idle workers
-    its raylet starts at once (one per CPU) can serve the run's actors (Ray gives a job with a runtime_env
-    fresh workers only); they import `ray_init.preload_modules` (none by default) before an actor comes.
+    processes start from this one's environment) instead of as a job runtime_env (`local_system_config`).
     """
     if ray.is_initialized():
         return False
@@ -152,15 +150,24 @@ def ray_init(cfg: Any) -> bool:
             runtime_env=runtime_env if inherited is None else None,
             log_to_driver=True,
             logging_level=logging.WARNING,
-            _system_config=preload_config(cfg) if inherited is not None else None,
+            _system_config=local_system_config(cfg, inherited=inherited is not None),
         )
     return True
 
 
-def preload_config(cfg: Any) -> Optional[dict]:
-    """Ray's system config that makes every worker of a local Ray import `ray_init.preload_modules` when it starts,
-    before an actor is placed on it (None: none). Not transformers: nothing may touch CUDA before Ray has set a
-    GPU actor's CUDA_VISIBLE_DEVICES, and `import torch` does not."""
+def local_system_config(cfg: Any, *, inherited: bool) -> Optional[dict]:
+    """Ray's system config for a local Ray: its prestarted workers and what they import (start-up).
+
+    Ray's raylet starts one idle worker per CPU for the first driver and `ray.init` returns only once all of them
+    have registered: on a 32-core host that was 9-11 s of `driver/ray_init` (bench/RESULTS.md, start-up), to serve
+    the handful of actors a run creates. So none by default (`ray_init.prestart_workers=false`): each actor starts
+    its own worker, the Rollouter's beside the Trainer's, each replica's beside each rank's. With
+    `prestart_workers=true` (and the environment by inheritance: Ray gives a job with a runtime_env fresh workers
+    only) the idle workers serve the actors and import `ray_init.preload_modules` before one comes. Not
+    transformers: nothing may touch CUDA before Ray has set a GPU actor's CUDA_VISIBLE_DEVICES, and `import torch`
+    does not."""
+    if not (inherited and bool(cfg.ray_init.get("prestart_workers", False))):
+        return {"prestart_worker_first_driver": False}
     modules = [str(m) for m in (cfg.ray_init.get("preload_modules") or [])]
     return {"preload_python_modules": modules} if modules else None
 
