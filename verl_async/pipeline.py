@@ -64,8 +64,8 @@ def build_worker_group(cfg: Any, shared_dirs: Sequence[SharedDir] = ()) -> Any:
 class TrainerHost(Trainer):
     """The Trainer actor: builds its worker group (unless rollout-only) in its own process."""
 
-    def __init__(self, cfg: Any, queue: Any, rollouter: Any, *, run_dir: str, run_start: float, pad_token_id: int,
-                 shared_dirs: Sequence[SharedDir] = ()) -> None:
+    def __init__(self, cfg: Any, queue: Any, rollouter: Any, *, run_dir: str, run_start: float,
+                 pad_token_id: Optional[int], shared_dirs: Sequence[SharedDir] = ()) -> None:
         self.startup = StartupClock()
         verify_here(shared_dirs, "the trainer")
         set_torch_threads(1)  # collates and prepares batches; the ranks compute (utils/threads.py)
@@ -84,6 +84,10 @@ class TrainerHost(Trainer):
         if wg is not None:
             for rank, (created, report) in enumerate(wg.rank_reports):
                 record_actor(self.timeline, f"rank{rank}", created, report)
+
+    def set_pad_token_id(self, pad_token_id: int) -> None:
+        """The tokenizer's pad id, from the driver once its tokenizer loaded (the first Trainer starts before)."""
+        self.pad_token_id = int(pad_token_id)
 
     def progress(self) -> dict[str, Any]:
         """The Trainer's progress and the console lines logged since the last call (the driver prints them above
@@ -381,9 +385,6 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
     timeline_path = os.path.join(run_dir, "timeline.jsonl")
     timeline = Timeline(timeline_path, run_start)
     timeline_at = os.path.getsize(timeline_path) if os.path.exists(timeline_path) else 0  # this run's spans follow
-    with clock.phase("tokenizer"):  # what is left of its load once Ray is up
-        tokenizer = (tokenizer.result() if tokenizer is not None
-                     else run_tokenizer(cfg.actor_rollout_ref.model, model_path))
     train_only = bool(debug.get("train_only")) or bool(debug.get("load_rollout_data"))
     timeout = float(cfg.trainer.worker_timeout_s)
     capacity = int(cfg.async_training.get("queue_capacity") or max_required_samples(cfg))
@@ -408,22 +409,31 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
                 cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start, shared_dirs=shared
             )
             actors.append(rollouter)
+        pad: dict[str, int] = {}  # the tokenizer's pad id: a Trainer started after it is known gets it at once
+
         def start_trainer(dirs: Sequence[SharedDir] = ()) -> Any:
             return _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4,
                               **pin(cfg.trainer.get("node_resource"))).remote(
-                cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id),
+                cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=pad.get("id"),
                 shared_dirs=dirs,
             )
 
         created["trainer"] = time.time()
         trainer = start_trainer(shared)
         actors.append(trainer)
+        # the first trainer starts before the driver's tokenizer is in (start-up): its pad id follows as a call
+        with clock.phase("tokenizer"):  # what is left of its load (it began beside Ray's start)
+            tokenizer = (tokenizer.result() if tokenizer is not None
+                         else run_tokenizer(cfg.actor_rollout_ref.model, model_path))
+        pad["id"] = int(tokenizer.pad_token_id)
+        pad_sent = trainer.set_pad_token_id.remote(pad["id"])
         # each actor's start (its replicas or ranks, their nodes' folders) fails here, named, before the resume
         # (the engines' own deadline, rollout.start_timeout_s, fires first)
         prompts = None if rollouter is None else int(
             _get("starting the Rollouter and its engine replicas", rollouter.total_prompts.remote(),
                  timeout + replica_start_timeout_s(cfg)))
         _get("starting the trainer and its worker group", trainer.progress.remote(), timeout)
+        _get("the trainer's pad token id", pad_sent, timeout)
         clock.phases.append(("actors", actors_asked, time.time()))
         unmark(shared)  # every actor of the run has checked its node: the markers are done
         placed = _placement(trainer, rollouter, timeout)
