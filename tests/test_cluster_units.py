@@ -171,16 +171,25 @@ def test_a_local_ray_hands_the_workers_environment_down_and_prestarts_no_workers
     monkeypatch.setenv("VERL_ASYNC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append((kw, dict(os.environ))))
+    monkeypatch.setattr(pipeline, "local_cores", lambda: 32)  # a GPU host's
     monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
     before = dict(os.environ)
     cfg = config("+ray_init.runtime_env.env_vars.MY_FLAG=on")
     pipeline.ray_init(cfg)
     kw, seen = calls[-1]
-    assert kw["runtime_env"] is None and kw["_system_config"] == {"prestart_worker_first_driver": False}
+    assert kw["runtime_env"] is None and kw["_system_config"] == {"prestart_worker_first_driver": False}  # 32 CPUs
     for name, value in pipeline.ray_runtime_env(cfg)["env_vars"].items():
         assert seen[name] == value, name  # what a runtime_env would have given every worker
     assert seen["MY_FLAG"] == "on" and dict(os.environ) == before  # this process's own environment as it was
 
+    pipeline.ray_init(config("ray_init.num_cpus=8"))  # null: Ray's own prestart up to 8 workers to wait for
+    assert calls[-1][0]["_system_config"] is None
+    monkeypatch.setattr(pipeline, "local_cores", lambda: 4)  # ray_init.num_cpus=32 on 4 cores: 4 started at once
+    pipeline.ray_init(config("ray_init.num_cpus=32"))
+    assert calls[-1][0]["_system_config"] is None
+    pipeline.ray_init(config("ray_init.prestart_workers=false"))
+    assert calls[-1][0]["_system_config"] == {"prestart_worker_first_driver": False}
+    monkeypatch.setattr(pipeline, "local_cores", lambda: 32)
     pipeline.ray_init(config("ray_init.prestart_workers=true"))
     assert calls[-1][0]["runtime_env"] is None and calls[-1][0]["_system_config"] is None  # Ray's own prestart
     pipeline.ray_init(config("ray_init.prestart_workers=true", "ray_init.preload_modules=[torch]"))

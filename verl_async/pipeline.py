@@ -38,7 +38,7 @@ from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
 from verl_async.trainer.trainer import Trainer, format_validation, load_rollout_groups
 from verl_async.trainer.worker_group import FSDPWorkerGroup, trainer_node_plan
 from verl_async.utils.shared_dirs import SharedDir, mark, unmark, verify_here
-from verl_async.utils.threads import set_torch_threads, wait_policy_env
+from verl_async.utils.threads import local_cores, set_torch_threads, wait_policy_env
 from verl_async.utils.startup import Phase, StartupClock, format_startup, record_actor, record_phases, startup_breakdown
 from verl_async.utils.timeline import Timeline, busy_fraction, read_spans, render_timeline_html
 
@@ -159,18 +159,31 @@ def ray_init(cfg: Any) -> bool:
     return True
 
 
+PRESTART_MAX_WORKERS = 8  # ray_init.prestart_workers=null: Ray's prestarted workers up to this many CPUs
+
+
+def prestarts_workers(cfg: Any) -> bool:
+    """Whether a local Ray prestarts its idle workers: `ray_init.prestart_workers`, or (null) when it would start
+    at most PRESTART_MAX_WORKERS of them (one per CPU of the local Ray: `ray_init.num_cpus`, else this process's
+    cores)."""
+    asked = cfg.ray_init.get("prestart_workers")
+    if asked is not None:
+        return bool(asked)
+    cpus = cfg.ray_init.get("num_cpus")
+    return min(int(cpus) if cpus else local_cores(), local_cores()) <= PRESTART_MAX_WORKERS
+
+
 def local_system_config(cfg: Any, *, inherited: bool) -> Optional[dict]:
     """Ray's system config for a local Ray: its prestarted workers and what they import (start-up).
 
-    Ray's raylet starts one idle worker per CPU for the first driver and `ray.init` returns only once all of them
-    have registered: on a 32-core host that was 9-11 s of `driver/ray_init` (bench/RESULTS.md, start-up), to serve
-    the handful of actors a run creates. So none by default (`ray_init.prestart_workers=false`): each actor starts
-    its own worker, the Rollouter's beside the Trainer's, each replica's beside each rank's. With
-    `prestart_workers=true` (and the environment by inheritance: Ray gives a job with a runtime_env fresh workers
-    only) the idle workers serve the actors and import `ray_init.preload_modules` before one comes. Not
-    transformers: nothing may touch CUDA before Ray has set a GPU actor's CUDA_VISIBLE_DEVICES, and `import torch`
-    does not."""
-    if not (inherited and bool(cfg.ray_init.get("prestart_workers", False))):
+    Ray's raylet starts one idle worker per CPU for the first driver, and `ray.init` returns only once they have
+    registered (up to one per core). A run creates a handful of actors; the idle workers spare each one its own
+    worker's start (0.5-1 s), but on a 32-core host waiting for 32 of them was 9-11 s of `driver/ray_init`
+    (bench/RESULTS.md, start-up). So `prestarts_workers`: on small hosts only, unless `ray_init.prestart_workers`
+    says. They serve the actors only with the environment by inheritance (Ray gives a job with a runtime_env
+    fresh workers only), and import `ray_init.preload_modules` before one comes. Not transformers: nothing may
+    touch CUDA before Ray has set a GPU actor's CUDA_VISIBLE_DEVICES, and `import torch` does not."""
+    if not (inherited and prestarts_workers(cfg)):
         return {"prestart_worker_first_driver": False}
     modules = [str(m) for m in (cfg.ray_init.get("preload_modules") or [])]
     return {"preload_python_modules": modules} if modules else None

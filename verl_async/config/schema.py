@@ -283,7 +283,7 @@ class RayInitConfig:
     num_cpus: Optional[int] = rule(ge=1)
     timeline_json_file: Optional[str]
     runtime_env: Dict[str, Any]  # merged onto verl_async's (pipeline.ray_runtime_env), as verl merges it
-    prestart_workers: bool  # a local Ray starts one idle worker per CPU and waits for them (pipeline.ray_init)
+    prestart_workers: Optional[bool]  # a local Ray's idle worker per CPU, waited for; null: up to 8 CPUs (pipeline)
     preload_modules: List[str]  # the prestarted workers import these when they start (pipeline.ray_init; start-up)
 
 
