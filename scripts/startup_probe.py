@@ -47,7 +47,14 @@ STEPS = r"""
 import json, sys, time
 T = {}
 def step(name, fn):
-    t = time.perf_counter(); out = fn(); T[name] = round(time.perf_counter() - t, 3); return out
+    t = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as exc:  # one step that fails (an option this transformers lacks) leaves the others
+        T[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+        return None
+    T[name] = round(time.perf_counter() - t, 3)
+    return out
 model, device, what = sys.argv[1], sys.argv[2], sys.argv[3]
 if what == "modules":
     step("import_torch", lambda: __import__("torch"))
@@ -71,7 +78,7 @@ elif what == "load":
     if device == "cuda":
         step("cuda_context", lambda: torch.zeros(1, device="cuda"))
     m = step("replica_bf16_on_host", lambda: load_causal_lm(model, dtype=torch.bfloat16, attn_implementation="sdpa"))
-    if device == "cuda":
+    if device == "cuda" and m is not None:
         step("replica_to_device", lambda: (m.to("cuda"), torch.cuda.synchronize()))
         del m; torch.cuda.empty_cache()
         from transformers import AutoModelForCausalLM
@@ -99,13 +106,19 @@ print(out.getvalue())
 
 RAY = r"""
 import json, os, sys, time
-import psutil, ray
+import ray
 mode = sys.argv[1]
 t0 = time.perf_counter()
 ray.init(address="local", include_dashboard=False, logging_level="WARNING",
          _system_config=None if mode == "prestart" else {"prestart_worker_first_driver": False})
 t1 = time.perf_counter()
-idle = sum(1 for p in psutil.Process().children(recursive=True) if "ray::IDLE" in " ".join(p.cmdline()))
+def idle_workers():  # this driver's raylet's idle workers (their title is ray::IDLE)
+    try:
+        import psutil
+        return sum(1 for p in psutil.Process().children(recursive=True) if "ray::IDLE" in " ".join(p.cmdline()))
+    except Exception:  # no psutil here
+        return None
+idle = idle_workers()
 
 @ray.remote(num_cpus=0)
 class Leaf:

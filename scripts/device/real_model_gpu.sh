@@ -208,6 +208,7 @@ for phase in "$@"; do
       bash scripts/device/install_on_device.sh base >/dev/null || status=1
       bash scripts/device/install_on_device.sh model || status=1
       if [ -f /root/.carry/SHA256 ]; then bash scripts/device/install_on_device.sh vllm || status=1; fi
+      precompile  # bytecode of /tmp/site and this checkout (session.sh)
       nvidia-smi -L
       python3 - <<'PY' 2>&1 | grep -v "it/s" | tee "$OUT/setup.log"
 import time, torch, transformers, ray

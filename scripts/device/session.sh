@@ -37,3 +37,10 @@ visible_gpus() {
   done
   echo $((n < all ? n : all))
 }
+
+# Bytecode for the carried packages in /tmp/site and for this checkout, as a user's `pip install` leaves it: the
+# carried wheels go in with --no-compile and the checkout comes fresh, so every process of a run would compile
+# what it imports (each actor, rank and replica, at once). Up-to-date files are skipped: cheap on a later call.
+precompile() {
+  python3 -m compileall -q -j 0 /tmp/site verl_async recipe >/dev/null 2>&1 || true
+}
