@@ -177,10 +177,11 @@ def test_a_run_without_an_address_starts_its_own_ray_even_where_ray_start_left_a
     assert calls[1]["address"] == "local" and capsys.readouterr().out == ""
 
 
-def test_a_local_ray_hands_the_workers_environment_down_so_its_idle_workers_serve_the_run(monkeypatch, tmp_path):
-    """Start-up (issue 37): Ray gives a job with a runtime_env fresh workers only, never the idle ones its raylet
-    starts (one per CPU). Environment variables alone reach the workers by inheritance (the processes ray.init
-    starts copy this one's environment), so no runtime_env; they import ray_init.preload_modules (none by default)."""
+def test_a_local_ray_hands_the_workers_environment_down_and_prestarts_no_workers_unless_asked(monkeypatch, tmp_path):
+    """Start-up (issue 37): environment variables alone reach the workers by inheritance (the processes ray.init
+    starts copy this one's environment), so no runtime_env. Ray's raylet would start one idle worker per CPU and
+    ray.init wait for all of them (9-11 s on a 32-core host): none unless ray_init.prestart_workers=true, and then
+    they import ray_init.preload_modules. A runtime_env that is more than variables gets fresh workers only."""
     import ray
     import ray._private.services as services
 
@@ -191,23 +192,38 @@ def test_a_local_ray_hands_the_workers_environment_down_so_its_idle_workers_serv
     monkeypatch.setenv("VERL_ASYNC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append((kw, dict(os.environ))))
+    monkeypatch.setattr(pipeline, "local_cores", lambda: 32)  # a GPU host's
     monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
     before = dict(os.environ)
     cfg = config("+ray_init.runtime_env.env_vars.MY_FLAG=on")
     pipeline.ray_init(cfg)
     kw, seen = calls[-1]
-    assert kw["runtime_env"] is None and kw["_system_config"] is None
+    assert kw["runtime_env"] is None and kw["_system_config"] == {"prestart_worker_first_driver": False}  # 32 CPUs
     for name, value in pipeline.ray_runtime_env(cfg)["env_vars"].items():
         assert seen[name] == value, name  # what a runtime_env would have given every worker
     assert seen["MY_FLAG"] == "on" and dict(os.environ) == before  # this process's own environment as it was
 
-    pipeline.ray_init(config("ray_init.preload_modules=[torch]"))
+    pipeline.ray_init(config("ray_init.num_cpus=8"))  # null: Ray's own prestart up to 8 workers to wait for
+    assert calls[-1][0]["_system_config"] is None
+    monkeypatch.setattr(pipeline, "local_cores", lambda: 4)  # ray_init.num_cpus=32 on 4 cores: 4 started at once
+    pipeline.ray_init(config("ray_init.num_cpus=32"))
+    assert calls[-1][0]["_system_config"] is None
+    pipeline.ray_init(config("ray_init.prestart_workers=false"))
+    assert calls[-1][0]["_system_config"] == {"prestart_worker_first_driver": False}
+    monkeypatch.setattr(pipeline, "local_cores", lambda: 32)
+    pipeline.ray_init(config("ray_init.prestart_workers=true"))
+    assert calls[-1][0]["runtime_env"] is None and calls[-1][0]["_system_config"] is None  # Ray's own prestart
+    pipeline.ray_init(config("ray_init.prestart_workers=true", "ray_init.preload_modules=[torch]"))
     assert calls[-1][0]["runtime_env"] is None
     assert calls[-1][0]["_system_config"] == {"preload_python_modules": ["torch"]}
-    # a runtime_env that is more than variables (an interpreter, packages) goes to Ray as before: fresh workers
-    cfg = config(f"ray_init.runtime_env.py_executable={sys.executable}")
+    pipeline.ray_init(config("ray_init.preload_modules=[torch]"))  # no prestarted workers: nothing to preload
+    assert calls[-1][0]["_system_config"] == {"prestart_worker_first_driver": False}
+    # a runtime_env that is more than variables (an interpreter, packages) goes to Ray as before: fresh workers,
+    # so none prestarted for nothing
+    cfg = config(f"ray_init.runtime_env.py_executable={sys.executable}", "ray_init.prestart_workers=true")
     pipeline.ray_init(cfg)
-    assert calls[-1][0]["runtime_env"] == pipeline.ray_runtime_env(cfg) and calls[-1][0]["_system_config"] is None
+    assert calls[-1][0]["runtime_env"] == pipeline.ray_runtime_env(cfg)
+    assert calls[-1][0]["_system_config"] == {"prestart_worker_first_driver": False}
     assert "VERL_ASYNC_CACHE" not in calls[-1][1] or calls[-1][1]["VERL_ASYNC_CACHE"] == before["VERL_ASYNC_CACHE"]
 
 

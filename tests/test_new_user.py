@@ -74,8 +74,9 @@ def test_a_new_users_three_runs_in_one_folder(ray_session, tmp_path, tiny_model_
     for lane, phase in [("driver", "entry"), ("driver", "checks"), ("driver", "ray_init"), ("driver", "actors"),
                         ("driver", "first_sync"), ("rollouter", "worker"),
                         ("rollouter", "data"), ("rollouter", "wait_engines"), ("replica0", "imports"),
-                        ("replica0", "model_load"), ("trainer", "ranks_init"), ("rank0", "dist_init"),
-                        ("rank0", "model_load"), ("rank0", "fsdp_wrap"), ("rank0", "optimizer")]:
+                        ("replica0", "model_imports"), ("replica0", "model_load"), ("trainer", "ranks_init"),
+                        ("rank0", "dist_init"), ("rank0", "model_imports"), ("rank0", "model_load"),
+                        ("rank0", "fsdp_wrap"), ("rank0", "optimizer"), ("driver", "tokenizer")]:
         assert (f"startup/{lane}", phase) in phases, (lane, phase, sorted(phases))
     first_token = min(s["start"] for s in read_spans(str(own / "timeline.jsonl")) if s["kind"] == "generate")
     assert min(s["start"] for s in startup) < 0 < first_token  # the entry point's checks come before the run

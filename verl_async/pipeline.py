@@ -38,7 +38,7 @@ from verl_async.trainer.megatron.worker_group import MegatronWorkerGroup
 from verl_async.trainer.trainer import Trainer, format_validation, load_rollout_groups
 from verl_async.trainer.worker_group import FSDPWorkerGroup, trainer_node_plan
 from verl_async.utils.shared_dirs import SharedDir, mark, unmark, verify_here
-from verl_async.utils.threads import set_torch_threads, wait_policy_env
+from verl_async.utils.threads import local_cores, set_torch_threads, wait_policy_env
 from verl_async.utils.startup import Phase, StartupClock, format_startup, record_actor, record_phases, startup_breakdown
 from verl_async.utils.timeline import Timeline, busy_fraction, read_spans, render_timeline_html
 
@@ -64,8 +64,8 @@ def build_worker_group(cfg: Any, shared_dirs: Sequence[SharedDir] = ()) -> Any:
 class TrainerHost(Trainer):
     """The Trainer actor: builds its worker group (unless rollout-only) in its own process."""
 
-    def __init__(self, cfg: Any, queue: Any, rollouter: Any, *, run_dir: str, run_start: float, pad_token_id: int,
-                 shared_dirs: Sequence[SharedDir] = ()) -> None:
+    def __init__(self, cfg: Any, queue: Any, rollouter: Any, *, run_dir: str, run_start: float,
+                 pad_token_id: Optional[int], shared_dirs: Sequence[SharedDir] = ()) -> None:
         self.startup = StartupClock()
         verify_here(shared_dirs, "the trainer")
         set_torch_threads(1)  # collates and prepares batches; the ranks compute (utils/threads.py)
@@ -84,6 +84,10 @@ class TrainerHost(Trainer):
         if wg is not None:
             for rank, (created, report) in enumerate(wg.rank_reports):
                 record_actor(self.timeline, f"rank{rank}", created, report)
+
+    def set_pad_token_id(self, pad_token_id: int) -> None:
+        """The tokenizer's pad id, from the driver once its tokenizer loaded (the first Trainer starts before)."""
+        self.pad_token_id = int(pad_token_id)
 
     def progress(self) -> dict[str, Any]:
         """The Trainer's progress and the console lines logged since the last call (the driver prints them above
@@ -120,9 +124,7 @@ def ray_init(cfg: Any) -> bool:
     Returns True when this process started Ray (and should shut it down).
 
     Start-up: a local Ray whose runtime_env is environment variables only gets them by inheritance (its
-    processes start from this one's environment) instead of as a job runtime_env, so that the idle workers
-    its raylet starts at once (one per CPU) can serve the run's actors (Ray gives a job with a runtime_env
-    fresh workers only); they import `ray_init.preload_modules` (none by default) before an actor comes.
+    processes start from this one's environment) instead of as a job runtime_env (`local_system_config`).
     """
     if ray.is_initialized():
         return False
@@ -152,15 +154,37 @@ def ray_init(cfg: Any) -> bool:
             runtime_env=runtime_env if inherited is None else None,
             log_to_driver=True,
             logging_level=logging.WARNING,
-            _system_config=preload_config(cfg) if inherited is not None else None,
+            _system_config=local_system_config(cfg, inherited=inherited is not None),
         )
     return True
 
 
-def preload_config(cfg: Any) -> Optional[dict]:
-    """Ray's system config that makes every worker of a local Ray import `ray_init.preload_modules` when it starts,
-    before an actor is placed on it (None: none). Not transformers: nothing may touch CUDA before Ray has set a
-    GPU actor's CUDA_VISIBLE_DEVICES, and `import torch` does not."""
+PRESTART_MAX_WORKERS = 8  # ray_init.prestart_workers=null: Ray's prestarted workers up to this many CPUs
+
+
+def prestarts_workers(cfg: Any) -> bool:
+    """Whether a local Ray prestarts its idle workers: `ray_init.prestart_workers`, or (null) when it would start
+    at most PRESTART_MAX_WORKERS of them (one per CPU of the local Ray: `ray_init.num_cpus`, else this process's
+    cores)."""
+    asked = cfg.ray_init.get("prestart_workers")
+    if asked is not None:
+        return bool(asked)
+    cpus = cfg.ray_init.get("num_cpus")
+    return min(int(cpus) if cpus else local_cores(), local_cores()) <= PRESTART_MAX_WORKERS
+
+
+def local_system_config(cfg: Any, *, inherited: bool) -> Optional[dict]:
+    """Ray's system config for a local Ray: its prestarted workers and what they import (start-up).
+
+    Ray's raylet starts one idle worker per CPU for the first driver, and `ray.init` returns only once they have
+    registered (up to one per core). A run creates a handful of actors; the idle workers spare each one its own
+    worker's start (0.5-1 s), but on a 32-core host waiting for 32 of them was 9-11 s of `driver/ray_init`
+    (bench/RESULTS.md, start-up). So `prestarts_workers`: on small hosts only, unless `ray_init.prestart_workers`
+    says. They serve the actors only with the environment by inheritance (Ray gives a job with a runtime_env
+    fresh workers only), and import `ray_init.preload_modules` before one comes. Not transformers: nothing may
+    touch CUDA before Ray has set a GPU actor's CUDA_VISIBLE_DEVICES, and `import torch` does not."""
+    if not (inherited and prestarts_workers(cfg)):
+        return {"prestart_worker_first_driver": False}
     modules = [str(m) for m in (cfg.ray_init.get("preload_modules") or [])]
     return {"preload_python_modules": modules} if modules else None
 
@@ -374,9 +398,6 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
     timeline_path = os.path.join(run_dir, "timeline.jsonl")
     timeline = Timeline(timeline_path, run_start)
     timeline_at = os.path.getsize(timeline_path) if os.path.exists(timeline_path) else 0  # this run's spans follow
-    with clock.phase("tokenizer"):  # what is left of its load once Ray is up
-        tokenizer = (tokenizer.result() if tokenizer is not None
-                     else run_tokenizer(cfg.actor_rollout_ref.model, model_path))
     train_only = bool(debug.get("train_only")) or bool(debug.get("load_rollout_data"))
     timeout = float(cfg.trainer.worker_timeout_s)
     capacity = int(cfg.async_training.get("queue_capacity") or max_required_samples(cfg))
@@ -401,22 +422,31 @@ def _run(cfg: Any, model_path: str, run_dir: str, run_start: float, debug: Any,
                 cfg, queue, model_path=model_path, run_dir=run_dir, run_start=run_start, shared_dirs=shared
             )
             actors.append(rollouter)
+        pad: dict[str, int] = {}  # the tokenizer's pad id: a Trainer started after it is known gets it at once
+
         def start_trainer(dirs: Sequence[SharedDir] = ()) -> Any:
             return _actor_cls(TrainerHost, num_cpus=0.2, max_concurrency=4,
                               **pin(cfg.trainer.get("node_resource"))).remote(
-                cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=int(tokenizer.pad_token_id),
+                cfg, queue, rollouter, run_dir=run_dir, run_start=run_start, pad_token_id=pad.get("id"),
                 shared_dirs=dirs,
             )
 
         created["trainer"] = time.time()
         trainer = start_trainer(shared)
         actors.append(trainer)
+        # the first trainer starts before the driver's tokenizer is in (start-up): its pad id follows as a call
+        with clock.phase("tokenizer"):  # what is left of its load (it began beside Ray's start)
+            tokenizer = (tokenizer.result() if tokenizer is not None
+                         else run_tokenizer(cfg.actor_rollout_ref.model, model_path))
+        pad["id"] = int(tokenizer.pad_token_id)
+        pad_sent = trainer.set_pad_token_id.remote(pad["id"])
         # each actor's start (its replicas or ranks, their nodes' folders) fails here, named, before the resume
         # (the engines' own deadline, rollout.start_timeout_s, fires first)
         prompts = None if rollouter is None else int(
             _get("starting the Rollouter and its engine replicas", rollouter.total_prompts.remote(),
                  timeout + replica_start_timeout_s(cfg)))
         _get("starting the trainer and its worker group", trainer.progress.remote(), timeout)
+        _get("the trainer's pad token id", pad_sent, timeout)
         clock.phases.append(("actors", actors_asked, time.time()))
         unmark(shared)  # every actor of the run has checked its node: the markers are done
         placed = _placement(trainer, rollouter, timeout)

@@ -79,7 +79,7 @@ train() {  # train [vllm-]MODE SEED
   if [ "$mode" = gsm8k ]; then  # the longest GSM8K train prompt is 268 tokens with this chat template
     data=$GSM8K plen=${PROMPT_LEN:-400} resp=${GSM8K_RESPONSE:-384} steps=${GSM8K_STEPS:-40}
   fi
-  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  if [ "$(visible_gpus)" -ge 2 ]; then  # CUDA_VISIBLE_DEVICES honoured (session.sh)
     layout="rollout.colocate=false async_training.sync_transport=nccl"
   else
     layout="rollout.colocate=true async_training.sync_transport=object_store"
@@ -208,6 +208,7 @@ for phase in "$@"; do
       bash scripts/device/install_on_device.sh base >/dev/null || status=1
       bash scripts/device/install_on_device.sh model || status=1
       if [ -f /root/.carry/SHA256 ]; then bash scripts/device/install_on_device.sh vllm || status=1; fi
+      precompile  # bytecode of /tmp/site and this checkout (session.sh)
       nvidia-smi -L
       python3 - <<'PY' 2>&1 | grep -v "it/s" | tee "$OUT/setup.log"
 import time, torch, transformers, ray

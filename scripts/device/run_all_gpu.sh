@@ -23,7 +23,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export VLLM_WORKER_MULTIPROC_METHOD=spawn
 export VLLM_USE_FLASHINFER_SAMPLER=0   # the carried vLLM has no flashinfer (stripped); its sampler import would fail
 ENGINE=${ENGINE:-vllm}
-NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+# shellcheck source=scripts/device/session.sh
+source scripts/device/session.sh  # visible_gpus: CUDA_VISIBLE_DEVICES honoured
+NGPU=$(visible_gpus)
 PY=python3
 status=0
 

@@ -2,7 +2,8 @@
 # Issue 37 on a lent two-GPU machine (nvidia-h100-x2 / nvidia-h200-x2), by phase; results under $OUT. Repo root:
 #   bash scripts/device/scale_gpu.sh PHASE [PHASE ...]
 # Phases:
-#   setup                  Ray & co from the carried .whl into /tmp/site (carry .whl); GPUs and versions
+#   setup                  Ray & co from the carried .whl into /tmp/site (carry .whl), their bytecode and this
+#                          checkout's (session.sh precompile); GPUs and versions
 #   bench:TAG:SHAPE:CFGS   scripts/bench_async.py on every GPU, native engine, the forced long tail (mean 512, cap 2048):
 #                          SHAPE = 0.5b | 1.5b | 3b | 7b (random weights of the Qwen2.5 shape), CFGS = configs joined
 #                          by '+' (sync | sS_pP[_tT] split | cS_pP[_tT] colocated async, e.g. sync+s0.5_p1_t1+s2_p1_t1);
@@ -20,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/device/session.sh
 source scripts/device/session.sh && device_session scale
-NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+NGPU=$(visible_gpus)  # CUDA_VISIBLE_DEVICES honoured (session.sh)
 status=0
 
 bench() {  # bench TAG SHAPE CFGS
@@ -48,6 +49,7 @@ for phase in "$@"; do
   case "$phase" in
     setup)
       bash scripts/device/install_on_device.sh base >/dev/null || status=1
+      precompile
       nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
       python3 -c "import torch, transformers, ray; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'transformers', transformers.__version__, 'ray', ray.__version__)" ;;
     bench:*)

@@ -3,10 +3,14 @@
 # phase; results under $OUT. Repo root:
 #   bash scripts/device/startup_gpu.sh PHASE [PHASE ...]
 # Phases:
+#   probe    scripts/startup_probe.py on the random Qwen2.5-0.5B shape (built in /tmp/probe_model_05b): each piece of
+#            the start-up alone, with the bytecode as the machine has it, then again after session.sh's precompile
+#            -> $OUT/probe_asis.json, probe_compiled.json, startup_probe.md (~3 min; Ray & co installed first)
 #   one      the real model (SmolLM2-135M) on one GPU: scripts/device/real_model_gpu.sh setup (the model's carried
 #            parts stashed first, as for that script), then its train:ipc-async-1 (weights by CUDA IPC, a reference
-#            model for the KL loss, the validation before training) of STARTUP_STEPS (4) steps twice, with
-#            ray_init.preload_modules=[] (the default) and =[torch] (the A/B of the prestarted workers' torch);
+#            model for the KL loss, the validation before training) of STARTUP_STEPS (4) steps three times: the
+#            default (no prestarted Ray workers on this many cores), ray_init.prestart_workers=true (Ray's one per
+#            CPU, as before), and that with ray_init.preload_modules=[torch];
 #            -> $OUT/ipc-async-1-st*.tar.gz (console.log with the breakdown, timeline.jsonl), $OUT/startup_135m.md
 #   readme   the README's real-model block verbatim (real_model_gpu.sh readme:real-model; 32 steps, validations)
 #            -> $OUT/readme-real-model.tar.gz, .console.log, $OUT/startup_readme.md
@@ -33,13 +37,28 @@ OUT=${OUT:-/tmp/startup_out}
 mkdir -p "$OUT"
 for phase in "$@"; do
   case "$phase" in
+    probe)
+      bash scripts/device/install_on_device.sh base >/dev/null || status=1
+      export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+      python3 -c "import sys, json; sys.path.insert(0, 'scripts'); import bench_train as b, bench_async as a
+b.build_model_dir('/tmp/probe_model_05b', {**a.SHAPES['0.5b'], **a.SHAPE_COMMON})" > "$OUT/probe_model.log" 2>&1 \
+        || { status=1; tail -n 5 "$OUT/probe_model.log"; }
+      timeout 600 python3 scripts/startup_probe.py --model /tmp/probe_model_05b --out "$OUT/probe_asis.json" \
+        > "$OUT/startup_probe.md" 2>&1 || status=1
+      # shellcheck source=scripts/device/session.sh
+      (source scripts/device/session.sh && precompile)
+      echo >> "$OUT/startup_probe.md"; echo "## after precompile" >> "$OUT/startup_probe.md"
+      timeout 600 python3 scripts/startup_probe.py --model /tmp/probe_model_05b --out "$OUT/probe_compiled.json" \
+        --skip importtime,profile,concurrent >> "$OUT/startup_probe.md" 2>&1 || status=1
+      grep -E "^\| |^environment" "$OUT/startup_probe.md" | cut -c1-220 ;;
     one)
       OUT=$OUT bash scripts/device/real_model_gpu.sh setup > "$OUT/setup_135m.log" 2>&1 || status=1
       tail -n 3 "$OUT/setup_135m.log"
-      one_run st "ray_init.preload_modules=[]"
-      one_run st-preload "ray_init.preload_modules=[torch]"
-      report "$OUT/startup_135m.md" "$OUT"/ipc-async-1-st.tar.gz "$OUT"/ipc-async-1-st-preload.tar.gz \
-        --labels "135m preload [],135m preload [torch]" ;;
+      one_run st ""
+      one_run st-prestart "ray_init.prestart_workers=true"
+      one_run st-preload "ray_init.prestart_workers=true ray_init.preload_modules=[torch]"
+      report "$OUT/startup_135m.md" "$OUT"/ipc-async-1-st.tar.gz "$OUT"/ipc-async-1-st-prestart.tar.gz \
+        "$OUT"/ipc-async-1-st-preload.tar.gz --labels "135m default,135m prestart,135m prestart+preload [torch]" ;;
     readme)
       OUT=$OUT README_LIMIT=${README_LIMIT:-540} bash scripts/device/real_model_gpu.sh readme:real-model || status=1
       cp "$RM_STORE/readme-real-model.tar.gz" "$RM_STORE/readme-real-model.console.log" "$OUT/" 2>/dev/null || status=1
@@ -47,7 +66,7 @@ for phase in "$@"; do
       report "$OUT/startup_readme.md" "$OUT/readme-real-model.tar.gz" --labels "README block" ;;
     report)
       report "$OUT/startup_all.md" "$OUT"/*.tar.gz ;;
-    *) echo "unknown phase $phase (one | readme | report)" >&2; status=2 ;;
+    *) echo "unknown phase $phase (probe | one | readme | report)" >&2; status=2 ;;
   esac
 done
 exit $status

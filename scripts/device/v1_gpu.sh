@@ -69,7 +69,7 @@ for phase in "$@"; do
         data.train_batch_size=16 trainer.total_training_steps=$STEPS 'trainer.logger=[console,tensorboard,file]' ;;
     v1:separate-*)
       seed=${phase##*-}
-      [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "v1:separate needs 2 GPUs" >&2; status=2; continue; }
+      [ "$(visible_gpus)" -ge 2 ] || { echo "v1:separate needs 2 GPUs" >&2; status=2; continue; }
       job "v1-separate-$seed" actor_rollout_ref.model.path=$MODEL data.seed=$seed trainer.seed=$seed \
         trainer.use_v1=true trainer.v1.trainer_mode=separate_async trainer.v1.separate_async.num_warmup_batches=1 \
         trainer.v1.separate_async.parameter_sync_step=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 \

@@ -283,7 +283,8 @@ class RayInitConfig:
     num_cpus: Optional[int] = rule(ge=1)
     timeline_json_file: Optional[str]
     runtime_env: Dict[str, Any]  # merged onto verl_async's (pipeline.ray_runtime_env), as verl merges it
-    preload_modules: List[str]  # a local Ray's workers import these when they start (pipeline.ray_init; start-up)
+    prestart_workers: Optional[bool]  # a local Ray's idle worker per CPU, waited for; null: up to 8 CPUs (pipeline)
+    preload_modules: List[str]  # the prestarted workers import these when they start (pipeline.ray_init; start-up)
 
 
 @schema

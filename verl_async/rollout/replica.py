@@ -26,6 +26,7 @@ from verl_async.rollout.registry import build_engine_from_config
 from verl_async.sync import engine_weight_sync, rollout_weight_sync
 from verl_async.sync.buckets import tensor_checksum
 from verl_async.utils import device as device_layer
+from verl_async.utils.preimport import import_model_stack
 from verl_async.utils.shared_dirs import SharedDir, verify_here
 from verl_async.utils.startup import StartupClock
 from verl_async.utils.threads import set_torch_threads
@@ -94,10 +95,13 @@ class EngineReplica:
             if len(mine) < tp:
                 raise ValueError(f"shared devices {','.join(shared)} have no {tp} device(s) for replica {index}")
             os.environ[device_layer.visible_devices_env(device)] = ",".join(mine)
+        model_stack = import_model_stack(spec.model_path)  # beside the device's context (utils/preimport.py)
         with self.startup.phase("device"):  # the accelerator's context is made here
             device_spec = device_layer.resolve(device)
             device_spec.set_current()
         set_torch_threads(spec.cpu_threads if device == "cpu" else None)
+        with self.startup.phase("model_imports"):  # what is left of transformers' model stack
+            model_stack.wait()
         self.index = index
         built = time.time()
         engine = build_engine_from_config(

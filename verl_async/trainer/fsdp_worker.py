@@ -52,6 +52,7 @@ from verl_async.trainer.settings import TrainerSettings
 from verl_async.trainer.ulysses import (ULYSSES, build_sp_group, gather_sequence, register_ulysses_attention,
                                         sequence_parallel, slice_packed)
 from verl_async.utils import device as device_layer
+from verl_async.utils.preimport import import_model_stack
 from verl_async.utils.startup import StartupClock
 
 if TYPE_CHECKING:  # tensordict (and torch._dynamo under it) loads with the first batch, not at start-up
@@ -87,12 +88,17 @@ class FSDPWorker(RankBase):
         self.lr_scheduler: Any = None
         self.compute_dtype = self.settings.param_dtype
         self._profiling = False  # update(profile=...): `verl::*` ranges for the profile summary
+        # transformers' model stack imports while this rank answers its first calls and joins the process group
+        self._model_stack = import_model_stack(self.settings.model_path,
+                                               extra=("torch.distributed.fsdp", "torch.distributed.device_mesh"))
 
     # ------------------------------------------------------------------ setup
     def init(self, master_addr: str, master_port: int) -> dict[str, Any]:
         s = self.settings
         with self.startup.phase("dist_init"):  # the device, the default process group
             self._init_distributed(master_addr, master_port)
+        with self.startup.phase("model_imports"):  # what is left of the model stack's import (utils/preimport.py)
+            self._model_stack.wait()
         from torch.distributed.device_mesh import init_device_mesh
 
         # FSDP2 shards over every rank; with Ulysses, groups of sp consecutive ranks split the sequence (as verl)

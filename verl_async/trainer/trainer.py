@@ -117,7 +117,7 @@ class Trainer(TrainerValidation):
         *,
         run_dir: str,
         run_start: float,
-        pad_token_id: int,
+        pad_token_id: Optional[int],
         worker_group: Any = None,
         group_source: Optional[Callable[[int], Optional[list[RolloutSample]]]] = None,
         console_sink: Optional[Callable[[str], None]] = None,
@@ -127,7 +127,7 @@ class Trainer(TrainerValidation):
         self.queue = queue
         self.rollouter = rollouter
         self.run_dir = run_dir
-        self.pad_token_id = pad_token_id
+        self.pad_token_id = pad_token_id  # None: the driver sends it before training (TrainerHost.set_pad_token_id)
         self.wg = worker_group
         self.group_source = group_source  # debug.load_rollout_data
         self.required = required_samples(cfg)
@@ -496,6 +496,8 @@ class Trainer(TrainerValidation):
         step_start = self.timeline.now()
         for g in groups:
             g.validate(self.n)
+        if self.pad_token_id is None:
+            raise RuntimeError("the Trainer has no pad token id: the driver sends it (set_pad_token_id) before training")
         batch = collate_groups(groups, self.pad_token_id)
         metrics = batch_metrics(groups, self.version, int(self.cfg.data.max_response_length))
         metrics.update(trajectory_metrics(groups, self.version))  # verl V1's training/off_policy/* beside ours
